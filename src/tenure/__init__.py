@@ -1,0 +1,67 @@
+"""tenure: PostgreSQL leases with fencing tokens.
+
+A lease with an expiry is not enough: the old holder may still run when it expires. Every
+takeover increments the job's fencing token, and every store of a result refuses tokens
+older than the last it accepted. See docs/safety.md.
+"""
+
+from __future__ import annotations
+
+from . import metrics
+from ._async.client import AsyncClient, connect_async
+from ._async.fencing import fence_async
+from ._async.lease import AsyncLease, AsyncLeaseContext
+from ._async.results import AsyncResults
+from ._sync.client import Client, connect
+from ._sync.fencing import fence
+from ._sync.lease import Lease, LeaseContext
+from ._sync.results import Results
+from .errors import (
+    ConfigurationError,
+    DatabaseError,
+    DatabaseUnavailable,
+    InvalidArgument,
+    LeaseBusy,
+    LeaseError,
+    LeaseLost,
+    SchemaNotReady,
+    StaleTokenError,
+    TenureError,
+    Timeout,
+    TokenNotIssued,
+)
+from .models import LeaseInfo, Result
+from .validation import parse_duration
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncClient",
+    "AsyncLease",
+    "AsyncLeaseContext",
+    "AsyncResults",
+    "Client",
+    "ConfigurationError",
+    "DatabaseError",
+    "DatabaseUnavailable",
+    "InvalidArgument",
+    "Lease",
+    "LeaseBusy",
+    "LeaseContext",
+    "LeaseError",
+    "LeaseInfo",
+    "LeaseLost",
+    "Result",
+    "Results",
+    "SchemaNotReady",
+    "StaleTokenError",
+    "TenureError",
+    "Timeout",
+    "TokenNotIssued",
+    "connect",
+    "connect_async",
+    "fence",
+    "fence_async",
+    "metrics",
+    "parse_duration",
+]

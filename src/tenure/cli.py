@@ -1,0 +1,315 @@
+"""The ``tenure`` command. Every option has a ``TENURE_*`` environment twin, shown in --help.
+
+Heavy imports (psycopg, rich) happen inside the commands that need them, so that
+``tenure exec`` in a crontab starts fast.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100, "show_default": True}
+
+EXIT_ERROR = 1
+
+
+def db_options(fn: F) -> F:
+    """--dsn, --schema and the logging options, shared by every command that talks to the DB."""
+    fn = click.option(
+        "--log-format",
+        type=click.Choice(["text", "json"]),
+        default="text",
+        envvar="TENURE_LOG_FORMAT",
+        show_envvar=True,
+        help="Log line format on stderr.",
+    )(fn)
+    fn = click.option(
+        "--log-level",
+        type=click.Choice(["debug", "info", "warning", "error"]),
+        default="warning",
+        envvar="TENURE_LOG_LEVEL",
+        show_envvar=True,
+        help="Least severe log level shown.",
+    )(fn)
+    fn = click.option(
+        "--schema",
+        default="tenure",
+        envvar="TENURE_SCHEMA",
+        show_envvar=True,
+        help="PostgreSQL schema holding tenure's tables.",
+    )(fn)
+    fn = click.option(
+        "--dsn",
+        default=None,
+        envvar="TENURE_DSN",
+        show_envvar=True,
+        help="PostgreSQL connection string. Unset: $DATABASE_URL, else the embedded server.",
+    )(fn)
+    return fn
+
+
+def handle_errors(fn: F) -> F:
+    """Turn tenure errors into one line on stderr and exit 1, never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from .errors import TenureError
+
+        try:
+            return fn(*args, **kwargs)
+        except TenureError as exc:
+            click.echo(f"tenure: error: {exc}", err=True)
+            sys.exit(EXIT_ERROR)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _setup_logs(log_level: str, log_format: str) -> None:
+    from . import logs
+
+    logs.setup(log_level, log_format)
+
+
+def _connect(dsn: str | None, schema: str) -> Any:
+    import tenure
+
+    return tenure.connect(dsn, schema=schema)
+
+
+@click.group(context_settings=CONTEXT)
+@click.version_option(package_name="tenure")
+def cli() -> None:
+    """tenure: scheduled jobs that stay correct when several instances run them.
+
+    PostgreSQL leases with fencing tokens: every takeover of a job increments its token, and
+    every fenced write refuses tokens older than the last one accepted, so an executor that
+    was paused past its lease can never commit a result older than its successor's.
+
+    \b
+    Start here:
+      tenure demo                 the seed scenario, live (embedded PostgreSQL if no DSN)
+      tenure migrate              create or upgrade tenure's tables
+      tenure status               every lease: holder token, expiry, seconds left
+    """
+
+
+@cli.command(context_settings=CONTEXT)
+@db_options
+@click.option(
+    "--ttl",
+    default="2s",
+    envvar="TENURE_DEMO_TTL",
+    show_envvar=True,
+    help="Lease TTL the demo's executors use.",
+)
+@handle_errors
+def demo(dsn: str | None, schema: str, log_level: str, log_format: str, ttl: str) -> None:
+    """Run the acceptance scenario live: a paused executor cannot overwrite its successor.
+
+    Executor A (a real process) takes the lease with token N and is frozen with SIGSTOP; its
+    lease expires by the database clock; executor B takes token N+1 and writes its result;
+    A is resumed and tries to write with token N: the write affects zero rows and is
+    rejected. Exits 0 when the final result is B's, 1 otherwise.
+    """
+    from rich.console import Console
+
+    from . import demo as scenario
+    from .validation import check_ttl
+
+    _setup_logs(log_level, log_format)
+    console = Console(highlight=False)
+    ok = scenario.run(dsn, schema, check_ttl(ttl), lambda line: console.print(line))
+    sys.exit(0 if ok else 1)
+
+
+@cli.command(context_settings=CONTEXT)
+@db_options
+@handle_errors
+def migrate(dsn: str | None, schema: str, log_level: str, log_format: str) -> None:
+    """Create or upgrade tenure's tables (safe to run repeatedly and concurrently)."""
+    _setup_logs(log_level, log_format)
+    from . import migrations
+
+    with _connect(dsn, schema) as client:
+        applied = client.migrate()
+        where = client.where
+    if applied:
+        click.echo(f"schema {schema!r} on {where}: applied {', '.join(map(str, applied))}")
+    else:
+        click.echo(f"schema {schema!r} on {where}: up to date (version {migrations.latest()})")
+
+
+@cli.command(context_settings=CONTEXT)
+@db_options
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    envvar="TENURE_JSON",
+    show_envvar=True,
+    help="Print JSON instead of a table.",
+)
+@handle_errors
+def status(dsn: str | None, schema: str, log_level: str, log_format: str, as_json: bool) -> None:
+    """Every job's lease: token, holder, expiry and seconds left (database clock)."""
+    _setup_logs(log_level, log_format)
+    with _connect(dsn, schema) as client:
+        leases = client.leases()
+        results = {info.job_key: client.results.get(info.job_key) for info in leases}
+    rows = [
+        {
+            "job": info.job_key,
+            "token": info.token,
+            "held": info.held,
+            "owner": str(info.owner),
+            "expires_at": info.expires_at.isoformat(),
+            "seconds_left": round(info.seconds_left, 3),
+            "result_token": results[info.job_key].token if results[info.job_key] else None,
+            "result_at": (
+                results[info.job_key].written_at.isoformat() if results[info.job_key] else None
+            ),
+        }
+        for info in leases
+    ]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo("no leases yet")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("job", "token", "state", "seconds left", "expires (db)", "result token")
+    for row in rows:
+        table.add_row(
+            row["job"],
+            str(row["token"]),
+            "held" if row["held"] else "free",
+            f"{row['seconds_left']:.1f}",
+            row["expires_at"],
+            str(row["result_token"] or "-"),
+        )
+    Console().print(table)
+
+
+@cli.command(context_settings=CONTEXT)
+@db_options
+@click.option(
+    "--key",
+    required=True,
+    envvar="TENURE_JOB_KEY",
+    show_envvar=True,
+    help="Job key whose lease to expire.",
+)
+@handle_errors
+def release(dsn: str | None, schema: str, log_level: str, log_format: str, key: str) -> None:
+    """Expire a stuck lease now (operator action). The token stays: the old holder's writes
+    remain fenced, and the next acquire gets a higher token."""
+    _setup_logs(log_level, log_format)
+    with _connect(dsn, schema) as client:
+        token = client.release(key)
+    click.echo(f"{key}: expired token {token}" if token else f"{key}: no live lease")
+
+
+@cli.group(context_settings=CONTEXT)
+def result() -> None:
+    """Read and write fenced results (e.g. from shell scripts run by `tenure exec`)."""
+
+
+@result.command("put", context_settings=CONTEXT)
+@db_options
+@click.option(
+    "--key",
+    required=True,
+    envvar="TENURE_JOB_KEY",
+    show_envvar=True,
+    help="Job key the result belongs to.",
+)
+@click.option(
+    "--token",
+    required=True,
+    type=int,
+    envvar="TENURE_FENCING_TOKEN",
+    show_envvar=True,
+    help="Fencing token of this execution.",
+)
+@handle_errors
+def result_put(
+    dsn: str | None, schema: str, log_level: str, log_format: str, key: str, token: int
+) -> None:
+    """Store the JSON document on stdin as KEY's result, if TOKEN is not stale.
+
+    Exits 1 with a message naming both tokens when a newer token was accepted.
+    """
+    _setup_logs(log_level, log_format)
+    from .errors import InvalidArgument
+
+    text = sys.stdin.read()
+    try:
+        payload = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidArgument(f"stdin is not a JSON document: {exc}") from None
+    with _connect(dsn, schema) as client:
+        stored = client.results.put(key, payload, token=token)
+    click.echo(f"{key}: stored with token {stored.token}")
+
+
+@result.command("get", context_settings=CONTEXT)
+@db_options
+@click.option(
+    "--key", required=True, envvar="TENURE_JOB_KEY", show_envvar=True, help="Job key to read."
+)
+@handle_errors
+def result_get(dsn: str | None, schema: str, log_level: str, log_format: str, key: str) -> None:
+    """Print KEY's stored result as JSON: {"token", "written_at", "payload"}."""
+    _setup_logs(log_level, log_format)
+    with _connect(dsn, schema) as client:
+        stored = client.results.get(key)
+    if stored is None:
+        click.echo(f"tenure: error: no result stored for {key!r}", err=True)
+        sys.exit(EXIT_ERROR)
+    click.echo(
+        json.dumps(
+            {
+                "token": stored.token,
+                "written_at": stored.written_at.isoformat(),
+                "payload": stored.payload,
+            }
+        )
+    )
+
+
+@cli.group(context_settings=CONTEXT)
+def embedded() -> None:
+    """The embedded PostgreSQL used when no DSN is given."""
+
+
+@embedded.command("dsn", context_settings=CONTEXT)
+@handle_errors
+def embedded_dsn() -> None:
+    """Start the embedded server if needed and print its DSN."""
+    from . import embedded as emb
+
+    click.echo(emb.dsn())
+
+
+@embedded.command("stop", context_settings=CONTEXT)
+@handle_errors
+def embedded_stop() -> None:
+    """Stop the embedded server (its data stays)."""
+    from . import embedded as emb
+
+    click.echo("stopped" if emb.stop() else "not running")
+
+
+def main() -> None:
+    cli()

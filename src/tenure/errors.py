@@ -1,0 +1,184 @@
+"""One error hierarchy, rooted at :class:`TenureError`.
+
+Every message says what happened and what to do. Database errors are mapped by SQLSTATE
+class (psycopg's ``diag.sqlstate``), never by parsing message text.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+
+
+class TenureError(Exception):
+    """Base class of every error tenure raises."""
+
+
+class InvalidArgument(TenureError, ValueError):
+    """Bad input, detected before any SQL runs."""
+
+
+class ConfigurationError(TenureError):
+    """The environment is not set up: no DSN, missing extra, schema not migrated."""
+
+
+class DatabaseError(TenureError):
+    """The database refused or failed an operation. ``sqlstate`` is PostgreSQL's code."""
+
+    def __init__(self, message: str, *, sqlstate: str | None = None) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+
+
+class DatabaseUnavailable(DatabaseError):
+    """The database could not be reached, or the connection broke.
+
+    ``outcome_unknown`` is True when a write was sent but its commit was not acknowledged:
+    it may or may not have committed. Retrying with the same token is safe.
+    """
+
+    def __init__(
+        self, message: str, *, sqlstate: str | None = None, outcome_unknown: bool = False
+    ) -> None:
+        super().__init__(message, sqlstate=sqlstate)
+        self.outcome_unknown = outcome_unknown
+
+
+class SchemaNotReady(ConfigurationError, DatabaseError):
+    """tenure's tables are missing or older than this version expects."""
+
+    def __init__(self, message: str, *, sqlstate: str | None = None) -> None:
+        DatabaseError.__init__(self, message, sqlstate=sqlstate)
+
+
+class Timeout(DatabaseError):
+    """A lock wait or statement ran past tenure's timeouts (lock_timeout, statement_timeout)."""
+
+
+class LeaseError(TenureError):
+    """Base class of lease outcomes that are not database failures."""
+
+
+class LeaseBusy(LeaseError):
+    """Another execution holds the lease."""
+
+    def __init__(
+        self, job_key: str, token: int | None, expires_at: dt.datetime | None, detail: str = ""
+    ) -> None:
+        self.job_key = job_key
+        self.token = token
+        self.expires_at = expires_at
+        holder = (
+            f"token {token}, expires {expires_at.isoformat()} (database clock)"
+            if token is not None and expires_at is not None
+            else "a concurrent acquire won the race"
+        )
+        super().__init__(
+            f"lease {job_key!r} is held by another execution ({holder}){detail}; "
+            "wait for it (wait=seconds) or try again later"
+        )
+
+
+class LeaseLost(LeaseError):
+    """This execution no longer holds its lease: start no new work."""
+
+    def __init__(self, job_key: str, token: int, reason: str) -> None:
+        self.job_key = job_key
+        self.token = token
+        self.reason = reason
+        super().__init__(
+            f"lease {job_key!r} with token {token} is lost: {reason}; stop starting new work "
+            "(writes with this token will be rejected once a successor takes over)"
+        )
+
+
+class StaleTokenError(TenureError):
+    """A fenced write affected zero rows: a newer token has been accepted or has taken over.
+
+    This means an executor ran past its lease: the deployment's timing assumptions (TTL,
+    pauses, downstream latency) were broken. The write was not applied.
+    """
+
+    def __init__(
+        self, job_key: str, token: int, current_token: int | None, *, site: str = "result"
+    ) -> None:
+        self.job_key = job_key
+        self.token = token
+        self.current_token = current_token
+        self.site = site
+        if current_token is None:
+            why = "no lease has been issued for this key (run acquire first)"
+        elif current_token > token:
+            why = f"token {current_token} has been accepted or has taken over"
+        else:
+            why = "the lease expired or was taken over while this write waited"
+        super().__init__(
+            f"stale fencing token for {job_key!r} ({site} write): token {token} rejected, "
+            f"{why}; nothing was written. A stale write means an executor outlived its lease: "
+            "check pauses, TTL and downstream latency"
+        )
+
+
+class TokenNotIssued(InvalidArgument):
+    """A write named a token that no acquire ever issued for this key."""
+
+    def __init__(self, job_key: str, token: int, issued: int | None) -> None:
+        self.job_key = job_key
+        self.token = token
+        self.issued = issued
+        newest = f"the newest issued token is {issued}" if issued else "no token was issued yet"
+        super().__init__(
+            f"token {token} was never issued for {job_key!r} ({newest}); pass the token that "
+            "acquire returned (e.g. $TENURE_FENCING_TOKEN)"
+        )
+
+
+# SQLSTATE classes: https://www.postgresql.org/docs/current/errcodes-appendix.html
+_UNAVAILABLE_CLASSES = ("08", "53", "57P", "58")
+_SCHEMA_STATES = ("42P01", "3F000", "42703", "42883")
+_TIMEOUT_STATES = ("55P03", "57014", "25P03")
+
+
+def translate(exc: psycopg.Error, doing: str, *, wrote: bool = False) -> TenureError:
+    """Map a psycopg error to a tenure error, by SQLSTATE."""
+    state = exc.sqlstate
+    if isinstance(exc, psycopg.OperationalError) and state is None:
+        return DatabaseUnavailable(
+            f"{doing}: the connection to PostgreSQL failed ({exc}); check that the server is "
+            "running and reachable, and the DSN ($TENURE_DSN)"
+            + ("; the write may or may not have committed" if wrote else ""),
+            outcome_unknown=wrote,
+        )
+    if state is not None:
+        if state in _TIMEOUT_STATES:
+            return Timeout(
+                f"{doing}: timed out waiting ({exc.diag.message_primary}, SQLSTATE {state}); "
+                "a paused holder's transaction may hold the job's row lock",
+                sqlstate=state,
+            )
+        if state.startswith(_UNAVAILABLE_CLASSES):
+            return DatabaseUnavailable(
+                f"{doing}: the database is unavailable ({exc.diag.message_primary}, "
+                f"SQLSTATE {state}); retry when it is back",
+                sqlstate=state,
+                outcome_unknown=wrote,
+            )
+        if state in _SCHEMA_STATES:
+            return SchemaNotReady(
+                f"{doing}: tenure's schema is missing or outdated ({exc.diag.message_primary});"
+                " run `tenure migrate` (or client.migrate())",
+                sqlstate=state,
+            )
+    return DatabaseError(f"{doing}: {exc}", sqlstate=state)
+
+
+@contextmanager
+def mapped(doing: str, *, wrote: bool = False) -> Iterator[None]:
+    """Re-raise psycopg errors raised in the block as tenure errors."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        raise translate(exc, doing, wrote=wrote) from exc

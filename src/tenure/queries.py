@@ -1,0 +1,44 @@
+"""Named SQL queries, loaded once from the packaged ``sql/queries.sql``.
+
+Each query is composed with the configured schema as a :class:`psycopg.sql.Identifier` and
+rendered to bytes once per schema, so executing one costs no more than executing a literal.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from importlib import resources
+
+from psycopg import sql
+
+_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+
+
+@functools.cache
+def _raw() -> dict[str, str]:
+    text = resources.files("tenure").joinpath("sql/queries.sql").read_text("utf-8")
+    parts = _NAME.split(text)
+    # parts = [preamble, name1, body1, name2, body2, ...]
+    # Comments stay in the file for reviewers; they are not sent with every execution.
+    return {
+        name: "\n".join(
+            line for line in body.strip().splitlines() if not line.lstrip().startswith("--")
+        )
+        for name, body in zip(parts[1::2], parts[2::2], strict=True)
+    }
+
+
+def compose(template: str, schema: str) -> bytes:
+    """Render a template that uses ``{schema}`` with the schema quoted as an identifier."""
+    return sql.SQL(template).format(schema=sql.Identifier(schema)).as_string().encode()
+
+
+@functools.cache
+def queries(schema: str) -> dict[str, bytes]:
+    """All named queries for one schema."""
+    return {name: compose(body, schema) for name, body in _raw().items()}
+
+
+def query(schema: str, name: str) -> bytes:
+    return queries(schema)[name]
