@@ -313,5 +313,8 @@ def embedded_stop() -> None:
     click.echo("stopped" if emb.stop() else "not running")
 
 
+# -- commands defined in their own modules (one line each: import, then add_command) -------
+
+
 def main() -> None:
     cli()

@@ -1,4 +1,5 @@
-"""Named SQL queries, loaded once from the packaged ``sql/queries.sql``.
+"""Named SQL queries, loaded once from the packaged ``sql/*.sql`` files (``queries.sql`` for
+leases and results; one file per further concept). Names are unique across files.
 
 Each query is composed with the configured schema as a :class:`psycopg.sql.Identifier` and
 rendered to bytes once per schema, so executing one costs no more than executing a literal.
@@ -17,16 +18,21 @@ _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
 @functools.cache
 def _raw() -> dict[str, str]:
-    text = resources.files("tenure").joinpath("sql/queries.sql").read_text("utf-8")
-    parts = _NAME.split(text)
-    # parts = [preamble, name1, body1, name2, body2, ...]
-    # Comments stay in the file for reviewers; they are not sent with every execution.
-    return {
-        name: "\n".join(
-            line for line in body.strip().splitlines() if not line.lstrip().startswith("--")
-        )
-        for name, body in zip(parts[1::2], parts[2::2], strict=True)
-    }
+    found: dict[str, str] = {}
+    folder = resources.files("tenure").joinpath("sql")
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if not entry.name.endswith(".sql"):
+            continue
+        parts = _NAME.split(entry.read_text("utf-8"))
+        # parts = [preamble, name1, body1, name2, body2, ...]
+        for name, body in zip(parts[1::2], parts[2::2], strict=True):
+            if name in found:
+                raise RuntimeError(f"query {name!r} is defined twice (sql/{entry.name})")
+            # Comments stay in the file for reviewers; they are not sent with each execution.
+            found[name] = "\n".join(
+                line for line in body.strip().splitlines() if not line.lstrip().startswith("--")
+            )
+    return found
 
 
 def compose(template: str, schema: str) -> bytes:
