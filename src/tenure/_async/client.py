@@ -15,7 +15,15 @@ from psycopg_pool import AsyncConnectionPool
 from .. import metrics, migrations
 from .._acompat import monotonic
 from ..dsn import describe, resolve
-from ..errors import InvalidArgument, LeaseBusy, TenureError, Timeout, mapped, translate
+from ..errors import (
+    ConfigurationError,
+    InvalidArgument,
+    LeaseBusy,
+    TenureError,
+    Timeout,
+    mapped,
+    translate,
+)
 from ..models import Grant, LeaseInfo
 from ..queries import compose, queries
 from ..validation import Duration, check_job_key, check_schema, check_ttl, parse_duration
@@ -45,7 +53,7 @@ class AsyncClient:
         self.results = AsyncResults(self)
 
     def __repr__(self) -> str:
-        return f"<AsyncClient {self.where} schema={self.schema!r}>"
+        return f"<{type(self).__name__} {self.where} schema={self.schema!r}>"
 
     async def close(self) -> None:
         await self._pool.close()
@@ -92,6 +100,12 @@ class AsyncClient:
                 for mig in migrations.available():
                     if mig.version in done:
                         continue
+                    if done and mig.version < max(done):
+                        raise ConfigurationError(
+                            f"migration {mig.version} ({mig.name}) is older than the applied "
+                            f"version {max(done)} of schema {self.schema!r}: migrations are "
+                            "forward-only and must be added with increasing numbers"
+                        )
                     await conn.execute(compose(mig.sql, self.schema))
                     await conn.execute(
                         compose(
@@ -110,7 +124,9 @@ class AsyncClient:
         """The applied schema version, or None if tenure's schema is not there."""
         async with self._pool.connection() as conn:
             cur = await conn.execute(
-                b"SELECT to_regclass(%s) IS NOT NULL", (f'"{self.schema}".tenure_migrations',)
+                b"SELECT EXISTS (SELECT 1 FROM pg_tables"
+                b" WHERE schemaname = %s AND tablename = 'tenure_migrations')",
+                (self.schema,),
             )
             row = await cur.fetchone()
             if not row or not row[0]:

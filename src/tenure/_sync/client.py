@@ -17,7 +17,15 @@ from psycopg_pool import ConnectionPool
 from .. import metrics, migrations
 from .._compat import monotonic
 from ..dsn import describe, resolve
-from ..errors import InvalidArgument, LeaseBusy, TenureError, Timeout, mapped, translate
+from ..errors import (
+    ConfigurationError,
+    InvalidArgument,
+    LeaseBusy,
+    TenureError,
+    Timeout,
+    mapped,
+    translate,
+)
 from ..models import Grant, LeaseInfo
 from ..queries import compose, queries
 from ..validation import Duration, check_job_key, check_schema, check_ttl, parse_duration
@@ -44,7 +52,7 @@ class Client:
         self.results = Results(self)
 
     def __repr__(self) -> str:
-        return f"<AsyncClient {self.where} schema={self.schema!r}>"
+        return f"<{type(self).__name__} {self.where} schema={self.schema!r}>"
 
     def close(self) -> None:
         self._pool.close()
@@ -87,6 +95,12 @@ class Client:
                 for mig in migrations.available():
                     if mig.version in done:
                         continue
+                    if done and mig.version < max(done):
+                        raise ConfigurationError(
+                            f"migration {mig.version} ({mig.name}) is older than the applied "
+                            f"version {max(done)} of schema {self.schema!r}: migrations are "
+                            "forward-only and must be added with increasing numbers"
+                        )
                     conn.execute(compose(mig.sql, self.schema))
                     conn.execute(
                         compose(
@@ -105,7 +119,9 @@ class Client:
         """The applied schema version, or None if tenure's schema is not there."""
         with self._pool.connection() as conn:
             cur = conn.execute(
-                b"SELECT to_regclass(%s) IS NOT NULL", (f'"{self.schema}".tenure_migrations',)
+                b"SELECT EXISTS (SELECT 1 FROM pg_tables"
+                b" WHERE schemaname = %s AND tablename = 'tenure_migrations')",
+                (self.schema,),
             )
             row = cur.fetchone()
             if not row or not row[0]:
