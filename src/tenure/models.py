@@ -47,3 +47,4 @@ class Grant:
 
     token: int
     expires_at: dt.datetime
+    acquired_at: dt.datetime | None = None

@@ -36,8 +36,11 @@ def _raw() -> dict[str, str]:
 
 
 def compose(template: str, schema: str) -> bytes:
-    """Render a template that uses ``{schema}`` with the schema quoted as an identifier."""
-    return sql.SQL(template).format(schema=sql.Identifier(schema)).as_string().encode()
+    """Render a template that uses ``{schema}`` with the schema quoted as an identifier.
+
+    Only the ``{schema}`` token is replaced (other braces, e.g. ``'{}'::bigint[]``, stay).
+    """
+    return template.replace("{schema}", sql.Identifier(schema).as_string()).encode()
 
 
 @functools.cache

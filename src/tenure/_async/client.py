@@ -170,7 +170,7 @@ class AsyncClient:
             metrics.emit(metrics.ACQUIRE, job_key, "error")
             raise
         if rows and rows[0][0]:
-            _, token, expires_at, _acquired_at = rows[0]
+            _, token, expires_at, acquired_at = rows[0]
             metrics.emit(metrics.ACQUIRE, job_key, "acquired")
             log.info(
                 "lease %r acquired with token %s until %s",
@@ -183,7 +183,7 @@ class AsyncClient:
                 self,
                 job_key,
                 owner,
-                Grant(token, expires_at),
+                Grant(token, expires_at, acquired_at),
                 ttl=ttl_s,
                 safety_margin=margin,
                 sent_at=sent,

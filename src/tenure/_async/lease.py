@@ -63,6 +63,8 @@ class AsyncLease:
         self.ttl = ttl
         self.safety_margin = safety_margin
         self._expires_at = grant.expires_at
+        #: When the takeover happened, by the database clock.
+        self.acquired_at = grant.acquired_at
         self._acquired_mono = sent_at
         self._deadline = sent_at + ttl - safety_margin
         self._lost_reason: str | None = None

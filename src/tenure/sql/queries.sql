@@ -65,7 +65,7 @@ UPDATE {schema}.job_leases
 SET lease_until = clock_timestamp()
 WHERE job_key = %(job_key)s AND lease_owner = %(owner)s AND fencing_token = %(token)s
   AND lease_until >= clock_timestamp()
-RETURNING fencing_token;
+RETURNING fencing_token, lease_until;
 
 -- name: force_release
 -- Operator action: expire whatever lease is live on the key. The holder's writes stay fenced.
