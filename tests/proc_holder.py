@@ -8,6 +8,7 @@ TTLs and renewals racing the expiry).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -54,10 +55,8 @@ def pause(client: tenure.Client, key: str, ttl: float) -> None:
                 outcome["fence"] = "stale"
         outcome["lost"] = lease.lost
         emit(**outcome)
-        try:
+        with contextlib.suppress(tenure.LeaseLost):
             lease.check()
-        except tenure.LeaseLost:
-            pass
 
 
 def hold(client: tenure.Client, key: str, ttl: float) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import json
 import os
 import signal
@@ -133,7 +134,7 @@ def _check_history(grants: list[dict[str, Any]]) -> None:
             entry["until"] = min(entry["until"], g["at"])
     tokens = sorted(by_token)
     assert tokens == list(range(tokens[0], tokens[0] + len(tokens))), "a token was skipped"
-    for prev, nxt in zip(tokens, tokens[1:], strict=False):
+    for prev, nxt in itertools.pairwise(tokens):
         a, b = by_token[prev], by_token[nxt]
         assert b["at"] > a["at"], f"token {nxt} taken before token {prev}"
         assert b["at"] > a["until"], (
