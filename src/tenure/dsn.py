@@ -14,7 +14,7 @@ log = logging.getLogger("tenure.dsn")
 def resolve(dsn: str | None = None) -> tuple[str, str]:
     """Return ``(dsn, source)``; ``source`` says where it came from, for logs and errors."""
     if dsn:
-        return dsn, "--dsn"
+        return dsn, "the DSN given"
     for var in ("TENURE_DSN", "DATABASE_URL"):
         value = os.environ.get(var)
         if value:

@@ -146,8 +146,9 @@ def translate(exc: psycopg.Error, doing: str, *, wrote: bool = False) -> TenureE
     """Map a psycopg error to a tenure error, by SQLSTATE."""
     state = exc.sqlstate
     if isinstance(exc, psycopg.OperationalError) and state is None:
+        reason = " ".join(str(exc).split())  # libpq's message spans lines: keep one
         return DatabaseUnavailable(
-            f"{doing}: the connection to PostgreSQL failed ({exc}); check that the server is "
+            f"{doing}: the connection to PostgreSQL failed ({reason}); check that the server is "
             "running and reachable, and the DSN ($TENURE_DSN)"
             + ("; the write may or may not have committed" if wrote else ""),
             outcome_unknown=wrote,
