@@ -117,10 +117,25 @@ class Proxy:
 
     @classmethod
     def from_dsn(cls, dsn: str) -> Proxy:
-        """A proxy in front of the server that ``dsn`` points to."""
+        """A proxy in front of the server that ``dsn`` points to (TCP, or a Unix socket
+        directory such as the embedded server's: the proxy still listens on TCP)."""
         params = conninfo_to_dict(dsn)
         host = str(params.get("hostaddr") or params.get("host") or "127.0.0.1")
         return cls(host, int(params.get("port") or 5432))
+
+    def _connect_upstream(self) -> socket.socket:
+        if self.target_host.startswith("/"):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(CONNECT_TIMEOUT)
+            try:
+                sock.connect(f"{self.target_host}/.s.PGSQL.{self.target_port}")
+            except OSError:
+                sock.close()
+                raise
+            return sock
+        return socket.create_connection(
+            (self.target_host, self.target_port), timeout=CONNECT_TIMEOUT
+        )
 
     # -- public API ---------------------------------------------------------------------
 
@@ -258,9 +273,7 @@ class Proxy:
         if not self._wait_forwarding(link):
             return
         try:
-            upstream = socket.create_connection(
-                (self.target_host, self.target_port), timeout=CONNECT_TIMEOUT
-            )
+            upstream = self._connect_upstream()
         except OSError as exc:
             logger.debug("proxy: cannot connect upstream: %s", exc)
             self._drop(link, reset=True)

@@ -1,11 +1,7 @@
-"""The fault-injection proxy (tests/fix_proxy.py) against a real PostgreSQL.
-
-Fixture-free; set TENURE_TEST_DSN to point elsewhere than 127.0.0.1:5432 (user postgres).
-"""
+"""The fault-injection proxy (tests/fix_proxy.py) against the real test PostgreSQL."""
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from typing import Any
@@ -13,21 +9,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from fix_proxy import Proxy
+from .conftest import _pick_dsn
+from .fix_proxy import Proxy
 
-DSN = os.environ.get("TENURE_TEST_DSN", "host=127.0.0.1 port=5432 user=postgres dbname=postgres")
-
-
-def _server_up() -> bool:
-    try:
-        with psycopg.connect(DSN, connect_timeout=2):
-            return True
-    except psycopg.OperationalError:
-        return False
-
-
-if not _server_up():
-    pytest.skip(f"no PostgreSQL at {DSN!r}", allow_module_level=True)
+DSN = _pick_dsn()
 
 
 class QueryThread(threading.Thread):
