@@ -9,6 +9,7 @@ TTLs and renewals racing the expiry).
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import os
 import random
@@ -118,7 +119,8 @@ def contend(client: tenure.Client, key: str, seconds: float) -> None:
                         "job_key": key,
                         "owner": lease.owner,
                         "token": lease.token,
-                        "ttl": __import__("datetime").timedelta(seconds=ttl),
+                        "ttl": dt.timedelta(seconds=ttl),
+                        "lock_timeout": "10s",
                     },
                     doing="renew",
                 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 import time
 from typing import Any
@@ -118,7 +119,8 @@ def test_fence_that_waited_for_a_takeover_sees_the_new_token(
             {
                 "job_key": "job",
                 "owner": __import__("uuid").uuid4(),
-                "ttl": __import__("datetime").timedelta(seconds=5),
+                "ttl": dt.timedelta(seconds=5),
+                "lock_timeout": "10s",
             },
         ).fetchone()
         assert row is not None and row[0] and row[1] == old.token + 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 import time
 import uuid
@@ -118,7 +119,8 @@ def test_renewal_that_waited_on_a_row_lock_does_not_revive_expired_lease(
                             "job_key": "job",
                             "owner": lease.owner,
                             "token": lease.token,
-                            "ttl": __import__("datetime").timedelta(seconds=5),
+                            "ttl": dt.timedelta(seconds=5),
+                            "lock_timeout": "10s",
                         },
                         doing="renew",
                     )
@@ -169,7 +171,8 @@ def test_raw_acquire_rolled_back_issues_no_valid_token(
             {
                 "job_key": "job",
                 "owner": uuid.uuid4(),
-                "ttl": __import__("datetime").timedelta(seconds=5),
+                "ttl": dt.timedelta(seconds=5),
+                "lock_timeout": "10s",
             },
         ).fetchone()
         assert row is not None and row[0] and row[1] == 2

@@ -33,6 +33,7 @@ from .._acompat import (
 )
 from ..errors import LeaseBusy, LeaseLost, TenureError
 from ..models import Grant
+from ..timeouts import lock_timeout_ms
 
 if TYPE_CHECKING:
     from .client import AsyncClient
@@ -162,6 +163,7 @@ class AsyncLease:
                     "owner": self.owner,
                     "token": self.token,
                     "ttl": dt.timedelta(seconds=self.ttl),
+                    "lock_timeout": lock_timeout_ms(self.ttl / 3),
                 },
                 doing=f"renewing lease {self.job_key!r}",
             )

@@ -28,6 +28,7 @@ from ..errors import (
 )
 from ..models import Grant, LeaseInfo
 from ..queries import compose, queries
+from ..timeouts import CONNECTION_KWARGS, TIMEOUTS, lock_timeout_ms
 from ..validation import Duration, check_job_key, check_schema, check_ttl, parse_duration
 from .lease import Lease, LeaseContext
 from .results import Results
@@ -151,7 +152,12 @@ class Client:
         try:
             rows = self._fetch(
                 "acquire",
-                {"job_key": job_key, "owner": owner, "ttl": dt.timedelta(seconds=ttl_s)},
+                {
+                    "job_key": job_key,
+                    "owner": owner,
+                    "ttl": dt.timedelta(seconds=ttl_s),
+                    "lock_timeout": lock_timeout_ms(ttl_s),
+                },
                 doing=f"acquiring lease {job_key!r}",
                 wrote=True,
             )
@@ -260,23 +266,6 @@ def default_margin(ttl: float) -> float:
 def _info(row: tuple[Any, ...]) -> LeaseInfo:
     job_key, owner, token, until, ttl, acquired, renewed, now = row
     return LeaseInfo(job_key, owner, token, until, ttl, acquired, renewed, now)
-
-
-CONNECTION_KWARGS: dict[str, Any] = {
-    "autocommit": True,
-    "application_name": "tenure",
-    "connect_timeout": 5,
-    "keepalives": 1,
-    "keepalives_idle": 5,
-    "keepalives_interval": 2,
-    "keepalives_count": 3,
-    "tcp_user_timeout": 10000,
-}
-TIMEOUTS: dict[str, str] = {
-    "statement_timeout": "5s",
-    "lock_timeout": "2s",
-    "idle_in_transaction_session_timeout": "30s",
-}
 
 
 def _configure(conn: Connection[Any]) -> None:

@@ -35,6 +35,7 @@ from .._compat import (
 )
 from ..errors import LeaseBusy, LeaseLost, TenureError
 from ..models import Grant
+from ..timeouts import lock_timeout_ms
 
 if TYPE_CHECKING:
     from .client import Client
@@ -161,6 +162,7 @@ class Lease:
                     "owner": self.owner,
                     "token": self.token,
                     "ttl": dt.timedelta(seconds=self.ttl),
+                    "lock_timeout": lock_timeout_ms(self.ttl / 3),
                 },
                 doing=f"renewing lease {self.job_key!r}",
             )

@@ -7,7 +7,8 @@
 -- when the lease looks free or expired do we run the seed's upsert, whose WHERE is evaluated
 -- again on the locked row, so a concurrent renew or takeover wins cleanly. The same statement
 -- moves the fence row to the new token: it waits for any fenced transaction of the previous
--- holder (strict fencing), bounded by lock_timeout.
+-- holder (strict fencing), bounded by lock_timeout, which this statement lowers to at most
+-- the TTL before it can wait (set_config(..., true) lasts until the statement ends).
 WITH cur AS MATERIALIZED (
     SELECT fencing_token, lease_until, lease_until >= clock_timestamp() AS live
     FROM {schema}.job_leases
@@ -18,6 +19,7 @@ WITH cur AS MATERIALIZED (
     SELECT %(job_key)s, %(owner)s, clock_timestamp() + %(ttl)s, 1, %(ttl)s,
            clock_timestamp(), clock_timestamp()
     WHERE NOT EXISTS (SELECT 1 FROM cur WHERE cur.live)
+      AND (SELECT set_config('lock_timeout', %(lock_timeout)s, true)) IS NOT NULL
     ON CONFLICT (job_key) DO UPDATE
     SET lease_owner = excluded.lease_owner,
         lease_until = clock_timestamp() + excluded.lease_ttl,
@@ -44,10 +46,12 @@ WHERE NOT EXISTS (SELECT 1 FROM taken);
 -- UPDATE would evaluate clock_timestamp() before waiting for a lock, and PostgreSQL does not
 -- re-check the WHERE clause when the row was only locked (not updated) by the other
 -- transaction: a renewal that waited could revive a lease that expired while it waited.
+-- Its lock wait is bounded by a third of the TTL: a renewal that waits longer is useless.
 WITH locked AS MATERIALIZED (
     SELECT job_key, lease_until
     FROM {schema}.job_leases
     WHERE job_key = %(job_key)s AND lease_owner = %(owner)s AND fencing_token = %(token)s
+      AND (SELECT set_config('lock_timeout', %(lock_timeout)s, true)) IS NOT NULL
     FOR NO KEY UPDATE
 )
 UPDATE {schema}.job_leases AS l
