@@ -286,3 +286,23 @@ def test_password_never_in_error(dsn: str) -> None:
     with pytest.raises(tenure.DatabaseUnavailable) as err:
         tenure.connect("postgresql://postgres:hunter2secret@127.0.0.1:1/postgres")
     assert "hunter2secret" not in str(err.value)
+
+
+def test_renewal_lock_wait_is_bounded_by_a_third_of_the_ttl(
+    client: tenure.Client, dsn: str, schema: str
+) -> None:
+    lease = client.acquire("job", ttl=1.5)
+    assert lease is not None
+    with psycopg.connect(dsn) as blocker:
+        blocker.execute(
+            psycopg.sql.SQL("SELECT 1 FROM {}.job_leases WHERE job_key = 'job' FOR UPDATE").format(
+                psycopg.sql.Identifier(schema)
+            )
+        )
+        started = time.monotonic()
+        with pytest.raises(tenure.Timeout, match="55P03"):
+            lease.renew()
+        assert time.monotonic() - started < 1.5  # gave up well before the lease expired
+        blocker.rollback()
+    lease.renew()  # the lock is gone: renewal works again, the lease was never lost
+    assert not lease.lost
