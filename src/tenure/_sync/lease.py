@@ -247,9 +247,10 @@ class Lease:
 
 
 class LeaseContext:
-    """``async with client.lease(key) as lease:`` acquire (or wait), renew in the
-    background, release on exit. When the lease is lost, the body's task is cancelled and
-    :class:`LeaseLost` is raised from the ``async with``."""
+    """``with client.lease(key) as lease:``: acquire (or wait), renew in the background,
+    release on exit. When the lease is lost, the on-lost callbacks run and ``check()``
+    raises; the asyncio flavour also cancels the body's task and raises
+    :class:`LeaseLost` from the ``async with``."""
 
     def __init__(
         self,
