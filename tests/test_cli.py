@@ -43,8 +43,7 @@ def test_migrate_then_status_json(dsn: str, schema: str) -> None:
     assert table.returncode == 0 and "nightly" in table.stdout
 
 
-def test_result_put_get_and_stale_rejection(client: tenure.Client, dsn: str,
-                                            schema: str) -> None:
+def test_result_put_get_and_stale_rejection(client: tenure.Client, dsn: str, schema: str) -> None:
     env = tenure_env(dsn, schema)
     old = client.acquire("job", ttl=0.1)
     assert old is not None
@@ -53,11 +52,15 @@ def test_result_put_get_and_stale_rejection(client: tenure.Client, dsn: str,
     time.sleep(0.15)
     new = client.acquire("job", ttl=30)
     assert new is not None
-    ok = run_tenure(["result", "put", "--key", "job", "--token", str(new.token)], env,
-                    input='{"by": "new"}')
+    ok = run_tenure(
+        ["result", "put", "--key", "job", "--token", str(new.token)], env, input='{"by": "new"}'
+    )
     assert ok.returncode == 0, ok.stderr
-    stale = run_tenure(["result", "put", "--key", "job"],
-                       {**env, "TENURE_FENCING_TOKEN": str(old.token)}, input='{"by": "old"}')
+    stale = run_tenure(
+        ["result", "put", "--key", "job"],
+        {**env, "TENURE_FENCING_TOKEN": str(old.token)},
+        input='{"by": "old"}',
+    )
     assert stale.returncode == 1
     assert "stale fencing token" in stale.stderr
     assert f"token {old.token} rejected" in stale.stderr and f"token {new.token}" in stale.stderr
@@ -89,7 +92,11 @@ def test_release_expires_a_stuck_lease(client: tenure.Client, dsn: str, schema: 
     ],
 )
 def test_bad_input_is_one_line(
-    client: tenure.Client, dsn: str, schema: str, args: list[str], stdin: str | None,
+    client: tenure.Client,
+    dsn: str,
+    schema: str,
+    args: list[str],
+    stdin: str | None,
     message: str,
 ) -> None:
     out = run_tenure(args, tenure_env(dsn, schema), input=stdin)

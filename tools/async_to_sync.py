@@ -132,6 +132,12 @@ RENAMES: dict[str, str] = {
     "AsyncResults": "Results",
     "connect_async": "connect",
     "fence_async": "fence",
+    "enqueue_async": "enqueue",
+    "claim_async": "claim",
+    "messages_async": "messages",
+    "counts_async": "counts",
+    "retry_async": "retry",
+    "purge_async": "purge",
     "aspawn": "spawn",
     # typing / collections.abc / contextlib / builtins
     "AsyncIterator": "Iterator",

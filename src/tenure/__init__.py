@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from . import metrics
+from . import inbox, metrics, outbox
 from ._async.client import AsyncClient, connect_async
 from ._async.fencing import fence_async
 from ._async.lease import AsyncLease, AsyncLeaseContext
@@ -33,6 +33,7 @@ from .errors import (
     TokenNotIssued,
 )
 from .models import LeaseInfo, Result
+from .scheduler import JobContext, Scheduler
 from .validation import parse_duration
 
 __version__ = "0.1.0"
@@ -50,6 +51,7 @@ __all__ = [
     "DatabaseError",
     "DatabaseUnavailable",
     "InvalidArgument",
+    "JobContext",
     "Lease",
     "LeaseBusy",
     "LeaseContext",
@@ -58,6 +60,7 @@ __all__ = [
     "LeaseLost",
     "Result",
     "Results",
+    "Scheduler",
     "SchemaNotReady",
     "StaleTokenError",
     "TenureError",
@@ -67,6 +70,8 @@ __all__ = [
     "connect_async",
     "fence",
     "fence_async",
+    "inbox",
     "metrics",
+    "outbox",
     "parse_duration",
 ]

@@ -314,6 +314,17 @@ def embedded_stop() -> None:
 
 
 # -- commands defined in their own modules (one line each: import, then add_command) -------
+from .exec_command import exec_command  # noqa: E402
+
+cli.add_command(exec_command)
+from .outbox_command import outbox, relay  # noqa: E402
+
+cli.add_command(relay)
+cli.add_command(outbox)
+from .scheduling.commands import jobs, worker  # noqa: E402
+
+cli.add_command(worker)
+cli.add_command(jobs)
 
 
 def main() -> None:

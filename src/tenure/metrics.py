@@ -24,6 +24,7 @@ LOST = "lease_lost"  # outcome: the reason (refused | deadline | released_elsewh
 RELEASE = "lease_release"  # value: seconds the lease was held
 STALE = "stale_token_rejection"  # outcome: the site (result | fence)
 JOB = "job_run"  # outcome: succeeded | failed | lease_lost | ...; value: duration seconds
+JOB_LATENESS = "job_lateness"  # scheduler: value: run start minus its slot, database clock (s)
 
 
 @dataclass(frozen=True, slots=True)

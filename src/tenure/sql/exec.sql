@@ -1,0 +1,30 @@
+-- Named queries of `tenure exec` (schedule slots). Same conventions as queries.sql.
+
+-- name: exec_slot_check
+-- The slot this run is for, and whether it already completed, in one round trip.
+-- With %(every)s (whole seconds), the slot is the database clock ROUNDED to the nearest
+-- multiple of the period (epoch-aligned, UTC), not floored: a host whose clock is a few
+-- seconds fast fires cron just before the boundary, and flooring would put it in the
+-- previous slot and run the job twice. Rounding absorbs skew up to half the period either
+-- way. With %(slot)s too, the slot is "VALUE@TIMESTAMP"; with %(slot)s only, it is VALUE.
+-- Run again after the lease is taken (a new statement, so a new snapshot): a predecessor's
+-- completion that committed while our takeover waited for its fence row is then visible.
+WITH s AS (
+    SELECT concat_ws('@', %(slot)s::text,
+                     to_char(to_timestamp(round(extract(epoch FROM clock_timestamp())
+                                                / %(every)s::numeric) * %(every)s::numeric)
+                             AT TIME ZONE 'UTC',
+                             'YYYY-MM-DD"T"HH24:MI:SS"Z"')) AS slot
+)
+SELECT s.slot, d.token, d.completed_at
+FROM s
+LEFT JOIN {schema}.exec_slots AS d ON d.job_key = %(job_key)s AND d.slot = s.slot;
+
+-- name: exec_slot_done
+-- Mark a slot completed. Runs in a transaction that first called fence() with the run's
+-- token: it commits only while that token is the newest takeover and its lease is unexpired,
+-- and a successor's takeover waits for it (then sees the row in its post-acquire check).
+INSERT INTO {schema}.exec_slots (job_key, slot, token, completed_at)
+VALUES (%(job_key)s, %(slot)s, %(token)s, clock_timestamp())
+ON CONFLICT (job_key, slot) DO NOTHING
+RETURNING token;
