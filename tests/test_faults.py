@@ -56,17 +56,20 @@ def test_blackholed_holder_stops_by_local_deadline_before_successor(
             ctx.__exit__(None, None, None)
 
 
-def test_holder_recovers_when_its_connections_are_terminated(
-    client: tenure.Client, dsn: str, schema: str
-) -> None:
-    """pg_terminate_backend on every tenure connection: the next renewal fails, the retry
-    reconnects, and the lease stays held (it recovered within its lease)."""
-    with client.lease("job", ttl=1.5) as lease:
+def test_holder_recovers_when_its_connections_are_terminated(dsn: str, schema: str) -> None:
+    """pg_terminate_backend on every connection of this client: the next renewal fails, the
+    retry reconnects, and the lease stays held (it recovered within its lease)."""
+    name = f"tenure-test-{schema}"
+    with (
+        tenure.connect(dsn, schema=schema, migrate=True, application_name=name) as client,
+        client.lease("job", ttl=1.5) as lease,
+    ):
         time.sleep(0.3)
         with psycopg.connect(dsn, autocommit=True) as admin:
             killed = admin.execute(
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                "WHERE application_name = 'tenure' AND pid <> pg_backend_pid()"
+                "WHERE application_name = %s AND pid <> pg_backend_pid()",
+                (name,),
             ).fetchone()
         assert killed is not None and killed[0] >= 1
         time.sleep(2.5)  # beyond the TTL: only successful renewals keep it

@@ -72,10 +72,15 @@ class Client:
     def _fetch(
         self, name: str, params: dict[str, Any], *, doing: str, wrote: bool = False
     ) -> list[tuple[Any, ...]]:
-        with mapped(doing, wrote=wrote):
-            with self._pool.connection() as conn:
+        try:
+            conn = self._pool.getconn()
+            try:
                 cur = conn.execute(self._queries[name], params)
                 return cur.fetchall()
+            finally:
+                self._pool.putconn(conn)
+        except psycopg.Error as exc:
+            raise translate(exc, doing, wrote=wrote) from exc
 
     def migrate(self) -> list[int]:
         """Apply pending migrations under an advisory lock; returns the versions applied.
@@ -170,13 +175,14 @@ class Client:
         if rows and rows[0][0]:
             _, token, expires_at, acquired_at = rows[0]
             metrics.emit(metrics.ACQUIRE, job_key, "acquired")
-            log.info(
-                "lease %r acquired with token %s until %s",
-                job_key,
-                token,
-                expires_at.isoformat(),
-                extra={"job": job_key, "token": token, "owner": str(owner)},
-            )
+            if log.isEnabledFor(logging.INFO):
+                log.info(
+                    "lease %r acquired with token %s until %s",
+                    job_key,
+                    token,
+                    expires_at.isoformat(),
+                    extra={"job": job_key, "token": token, "owner": str(owner)},
+                )
             return Lease(
                 self,
                 job_key,
@@ -274,17 +280,27 @@ def _configure(conn: Connection[Any]) -> None:
 
 
 def connect(
-    dsn: str | None = None, *, schema: str = "tenure", pool_size: int = 4, migrate: bool = False
+    dsn: str | None = None,
+    *,
+    schema: str = "tenure",
+    pool_size: int = 4,
+    migrate: bool = False,
+    application_name: str = "tenure",
 ) -> Client:
     """Connect to PostgreSQL (``dsn``, else ``$TENURE_DSN``, ``$DATABASE_URL``, else the
-    embedded server) and return a client for ``schema``."""
+    embedded server) and return a client for ``schema``.
+
+    ``pool_size``: connections kept for lease operations and renewals. ``migrate``: apply
+    pending migrations first. ``application_name``: shown in ``pg_stat_activity``.
+    """
     check_schema(schema)
     if pool_size < 1:
         raise InvalidArgument(f"pool_size must be at least 1, got {pool_size}")
     conninfo, source = resolve(dsn)
     where = describe(conninfo)
+    kwargs = {**CONNECTION_KWARGS, "application_name": application_name}
     try:
-        probe = Connection.connect(conninfo, **CONNECTION_KWARGS)
+        probe = Connection.connect(conninfo, **kwargs)
         probe.close()
     except psycopg.Error as exc:
         raise translate(exc, f"connecting to {where} (from {source})") from exc
@@ -292,7 +308,7 @@ def connect(
         conninfo,
         min_size=1,
         max_size=pool_size,
-        kwargs=CONNECTION_KWARGS,
+        kwargs=kwargs,
         configure=_configure,
         timeout=10.0,
         open=False,
