@@ -163,7 +163,7 @@ def env_for(
     env.update(
         TENURE_DSN=dsn,
         TENURE_SCHEMA=schema,
-        TENURE_LOG_LEVEL="warning",
+        TENURE_LOG_LEVEL="info",
         BENCH_JOBS=str(jobs),
         BENCH_MODE=mode,
         BENCH_CONCURRENCY=str(args.concurrency),

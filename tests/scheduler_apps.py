@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import os
+import sys
 import threading
 import time
 from typing import Any
@@ -112,7 +113,12 @@ def slow_job(ctx: tenure.JobContext) -> None:
     # time.sleep, not ctx.wait: the run must carry on after a pause and try its write, which
     # the fence then rejects.
     time.sleep(float(os.environ.get("SCHED_SLOW", "3")))
-    ctx.results.put({"pid": os.getpid(), "token": ctx.token})
+    try:
+        ctx.results.put({"pid": os.getpid(), "token": ctx.token})
+    except tenure.StaleTokenError as exc:
+        print(f"result write rejected: token {exc.token}", file=sys.stderr, flush=True)
+        raise
+    print(f"result write accepted: token {ctx.token}", file=sys.stderr, flush=True)
     record(ctx, "finished")
 
 

@@ -221,9 +221,11 @@ def test_misfire_policies_after_all_workers_were_down(
     dsn: str, schema: str, misfire: str, grace: str | None, ran: list[int], skipped: list[int]
 ) -> None:
     """The job's schedule stood still for 3 minutes (as if every worker were down): the
-    slots newest-3min .. newest are due when a worker comes back. Newest is 5-20s late."""
+    slots newest-3min .. newest are due when a worker comes back. Newest is 5-12s late when
+    the test starts: more than the 2s grace, and newest-1min less than 90s late even if the
+    worker takes 15s to start."""
     prepare(dsn, schema)
-    key, newest = _key_with_newest_slot_late_by(dsn, 5, 20)
+    key, newest = _key_with_newest_slot_late_by(dsn, 5, 12)
     app = tenure.Scheduler(dsn, schema=schema)
     app.job(key, every="1m", misfire=misfire, misfire_grace=grace)(noop)
     app.register()

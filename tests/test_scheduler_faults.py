@@ -119,6 +119,11 @@ def test_sigstop_past_ttl_then_resume_its_write_is_rejected(
         result = client.results.get("slow")
     assert result is not None and result.payload == {"pid": successor.pid, "token": token + 1}
     assert "stale_rejected" in log
+    # The result write itself was refused (strict fence: the successor had taken over),
+    # not just a later write of the run.
+    assert f"result write rejected: token {token}" in log
+    assert "result write accepted" not in log
+    assert f"result write accepted: token {token + 1}" in successor.log()
 
 
 def test_sigterm_hands_a_running_slot_over_within_a_second(

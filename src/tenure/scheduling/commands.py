@@ -113,7 +113,8 @@ def worker_command(
     shutdown_grace: str | None,
     migrate: bool,
 ) -> None:
-    """Run the scheduled jobs of APP (MODULE:ATTRIBUTE, a tenure.Scheduler) until SIGTERM.
+    """Run the scheduled jobs of APP (MODULE:ATTRIBUTE, a tenure.Scheduler; or $TENURE_APP)
+    until SIGTERM.
 
     Start it on as many hosts as you like: each slot of each job runs once, under a lease
     with a fencing token; a dead worker's slots are retried by the others. SIGTERM: stop

@@ -78,6 +78,8 @@ PRUNE_EVERY = 600.0
 PRUNE_BATCH = 5000
 #: The schema version that has the scheduler's tables.
 SCHEMA_VERSION = 3
+#: Up to this many newly registered jobs are logged one line each, more as one summary.
+NEW_JOBS_LOGGED = 20
 #: The array parameters of sched_start, one element per claimed job or skipped slot.
 _START_ARRAYS = (
     *("keys", "tokens", "owners", "revisions", "run_slots", "run_kinds", "attempts"),
@@ -229,6 +231,11 @@ class Worker:
         return f"worker {self.id} ({self.host} pid {self.pid})"
 
     @property
+    def application_name(self) -> str:
+        """What pg_stat_activity shows for this worker's connections."""
+        return f"tenure worker {self.id}"
+
+    @property
     def client(self) -> AsyncClient:
         assert self._client is not None, "the worker is not running"
         return self._client
@@ -270,7 +277,11 @@ class Worker:
             raise InvalidArgument("the app defines no jobs: decorate functions with @app.job(...)")
         specs = list(app.jobs.values())
         self._client = await connect_async(
-            app.dsn, schema=app.schema, pool_size=app.pool_size, migrate=app.migrate
+            app.dsn,
+            schema=app.schema,
+            pool_size=app.pool_size,
+            migrate=app.migrate,
+            application_name=self.application_name,
         )
         tasks: list[asyncio.Task[None]] = []
         cancelled = False
@@ -511,6 +522,7 @@ class Worker:
                     extra={"job": claim.job_key},
                 )
             self._exclude.add(claim.job_key)
+            metrics.emit(metrics.RELEASE, claim.job_key, value=0.0)
         try:
             await self.client._fetch(
                 "sched_unclaim",
@@ -752,7 +764,9 @@ class Worker:
         delay = 0.5
         while True:
             try:
-                conn = await psycopg.AsyncConnection.connect(conninfo, **CONNECTION_KWARGS)
+                conn = await psycopg.AsyncConnection.connect(
+                    conninfo, **{**CONNECTION_KWARGS, "application_name": self.application_name}
+                )
                 try:
                     await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
                     self._wake.set()  # catch up with anything missed while not listening
@@ -816,11 +830,17 @@ async def register(client: AsyncClient, specs: list[JobSpec], *, defined_by: str
         "sched_register", params, doing="registering job definitions", wrote=True
     )
     by_key = {s.key: s for s in ordered}
+    new = [row[0] for row in rows if row[10] is None]
+    if len(new) > NEW_JOBS_LOGGED:
+        # Thousands of "registered" lines would drown the startup line.
+        log.info("%d new jobs registered (%s, ...)", len(new), ", ".join(map(repr, new[:3])))
     for row in rows:
         key, revision, next_slot, old_cron, old_every, old_tz = row[:6]
         old_defined_by = row[10]
         spec = by_key[key]
         if old_defined_by is None:
+            if len(new) > NEW_JOBS_LOGGED:
+                continue
             log.info(
                 "job %r registered: %s, first slot %s",
                 key,
