@@ -89,7 +89,13 @@ def reap() -> Iterator[list[subprocess.Popen[str]]]:
             for sig in (signal.SIGCONT, signal.SIGKILL):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(proc.pid, sig)
-            proc.communicate()
+        try:
+            proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:  # a command left running holds the pipes open
+            for pipe in (proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+            proc.wait()
 
 
 @pytest.fixture
@@ -109,11 +115,28 @@ def groups() -> Iterator[list[Path]]:
 
 
 def test_two_execs_at_once_one_runs_other_is_busy(
-    env: dict[str, str], tmp_path: Path, reap: list[subprocess.Popen[str]]
+    env: dict[str, str],
+    tmp_path: Path,
+    reap: list[subprocess.Popen[str]],
+    groups: list[Path],
 ) -> None:
     log, release = tmp_path / "log", tmp_path / "release"
-    script = f'echo "$TENURE_FENCING_TOKEN" >> {log}; while [ ! -e {release} ]; do sleep 0.05; done'
-    both = [_exec(["--key", "job", "--", "sh", "-c", script], env) for _ in range(2)]
+    groups.extend([tmp_path / "pid0", tmp_path / "pid1"])
+    both = [
+        _exec(
+            [
+                "--key",
+                "job",
+                "--",
+                "sh",
+                "-c",
+                f"echo $$ > {tmp_path}/pid{i}; echo $TENURE_FENCING_TOKEN >> {log}; "
+                f"while [ ! -e {release} ]; do sleep 0.05; done",
+            ],
+            env,
+        )
+        for i in range(2)
+    ]
     reap.extend(both)
     # The loser answers "busy" at once; the winner's command runs until we release it.
     _wait_for(lambda: any(p.poll() is not None for p in both), "the busy one to exit")
@@ -342,6 +365,34 @@ def test_sigterm_is_forwarded_and_the_lease_released(
     assert info is not None and not info.held
 
 
+def test_sigterm_while_waiting_for_the_lease_ends_tenure_cleanly(
+    env: dict[str, str],
+    client: tenure.Client,
+    dsn: str,
+    schema: str,
+    tmp_path: Path,
+    reap: list[subprocess.Popen[str]],
+) -> None:
+    """SIGTERM before the command started (here: during --wait): one line, exit 128+15,
+    and the command never runs."""
+    held = client.acquire("job", ttl=60)
+    assert held is not None
+    marker = tmp_path / "ran"
+    since = client.now()
+    proc = _exec(["--key", "job", "--wait", "60s", "--", "touch", str(marker)], env)
+    reap.append(proc)
+    _wait_for(lambda: _trying_to_acquire(dsn, schema, since), "tenure exec to wait")
+    proc.send_signal(signal.SIGTERM)
+    code, _, err = _finish(proc)
+    assert code == 128 + signal.SIGTERM
+    assert "SIGTERM before the command started" in _one_line(err)
+    held.release()
+    time.sleep(0.5)  # had it survived, it would take the lease and run now
+    assert not marker.exists()
+    info = client.inspect("job")
+    assert info is not None and info.token == 1
+
+
 def test_command_killed_by_a_signal_exits_128_plus_n(
     env: dict[str, str], tmp_path: Path, reap: list[subprocess.Popen[str]], groups: list[Path]
 ) -> None:
@@ -358,15 +409,16 @@ def test_command_killed_by_a_signal_exits_128_plus_n(
 # -- once per slot ------------------------------------------------------------------------------
 
 
-def _trying_to_acquire(dsn: str, schema: str) -> bool:
-    """True once some tenure connection's latest statement is an acquire in ``schema``: a
-    `tenure exec --wait` retrying a busy lease (the holder's latest is a renew or a check)."""
+def _trying_to_acquire(dsn: str, schema: str, since: dt.datetime) -> bool:
+    """True once a tenure connection opened after ``since`` (database clock) has an acquire
+    in ``schema`` as its latest statement: a `tenure exec --wait` retrying a busy lease (a
+    holder's latest statement is a renew or a slot check)."""
     pattern = f'%INSERT INTO "{schema}".job_leases%'
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity"
-            " WHERE application_name = 'tenure' AND query LIKE %s",
-            (pattern,),
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'tenure'"
+            " AND backend_start > %s AND query LIKE %s",
+            (since, pattern),
         ).fetchone()
     return bool(row and row[0])
 
@@ -391,9 +443,10 @@ def test_slot_fired_on_three_hosts_at_different_moments_runs_once(
     host1 = _exec([*args, "--", "sh", "-c", script], env)
     reap.append(host1)
     _wait_for(log.exists, "host 1's command")
+    since = client.now()
     host2 = _exec([*args, "--", "sh", "-c", script], env)
     reap.append(host2)
-    _wait_for(lambda: _trying_to_acquire(dsn, schema), "host 2 to wait for the lease")
+    _wait_for(lambda: _trying_to_acquire(dsn, schema, since), "host 2 to wait for the lease")
     finish.touch()
     assert _finish(host1)[0] == 0
     code, out, err = _finish(host2)

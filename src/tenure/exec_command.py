@@ -19,9 +19,9 @@ Exit codes (also in ``tenure exec --help``):
   the command was stopped.
 * 126: the command was found but could not be executed; 127: it was not found.
 
-This module is imported by :mod:`tenure.cli` (which registers the command), and imports only
-click and the standard library at module level: psycopg comes in with the ``tenure`` package
-itself, and nothing else heavy is imported on the way to starting the command.
+This module is imported by :mod:`tenure.cli` (which registers the command) and imports only
+click, the standard library and ``tenure.cli`` at module level: psycopg comes in with the
+``tenure`` package itself, and nothing else heavy is imported on the way to the command.
 """
 
 from __future__ import annotations
@@ -349,31 +349,40 @@ def main(request: ExecRequest) -> int:
     """Run one ``tenure exec``; returns the exit code. Prints one line per problem."""
     from .errors import TenureError
 
+    # Signals are handled from the start, so that SIGTERM while connecting or waiting for the
+    # lease ends tenure cleanly (even as a container's PID 1, where an unhandled SIGTERM
+    # would be ignored); once the command runs they are passed on to it instead.
+    child = Supervisor(request.grace, request.key)
+    child.install_signal_handlers()
     try:
-        return _run(request)
+        return _run(request, child)
     except TenureError as exc:
         _say(f"error: {exc}")
         return EXIT_ERROR
-    except KeyboardInterrupt:
-        # Interrupted before the command started (it has its own handler afterwards).
-        _say("interrupted before the command started")
+    except Interrupted as exc:
+        _say(f"{signal.Signals(exc.signum).name} before the command started; not running it")
+        return 128 + exc.signum
+    except KeyboardInterrupt:  # SIGINT before our handler was installed
+        _say("interrupted before the command started; not running it")
         return 128 + signal.SIGINT
+    finally:
+        child.restore_signal_handlers()
 
 
-def _run(req: ExecRequest) -> int:
+def _run(req: ExecRequest, child: Supervisor) -> int:
     from ._sync.client import connect
     from .dsn import resolve
 
     conninfo, _source = resolve(req.dsn)
     client = connect(conninfo, schema=req.schema, pool_size=2)
     try:
-        return _run_connected(client, conninfo, req)
+        return _run_connected(client, conninfo, req, child)
     finally:
         # Bounded: with the database gone, the pool must not hold the exit for long.
         client._pool.close(timeout=1.0)
 
 
-def _run_connected(client: Client, conninfo: str, req: ExecRequest) -> int:
+def _run_connected(client: Client, conninfo: str, req: ExecRequest, child: Supervisor) -> int:
     from . import metrics
     from .errors import LeaseBusy
 
@@ -382,12 +391,13 @@ def _run_connected(client: Client, conninfo: str, req: ExecRequest) -> int:
         # A slot already done needs no token: answer before taking the lease.
         slot, done = _slot_state(client, req.key, req.slot, req.every)
         if done is not None:
+            metrics.emit(metrics.JOB, req.key, "already_done")
             _already_done(req, slot, done)
             return EXIT_OK
     started = time.monotonic()
     try:
         with client.lease(req.key, ttl=req.ttl, wait=req.wait) as lease:
-            code, outcome = _run_leased(client, lease, conninfo, req, slot)
+            code, outcome = _run_leased(client, lease, conninfo, req, slot, child)
     except LeaseBusy as busy:
         metrics.emit(metrics.JOB, req.key, "busy")
         if not req.quiet:
@@ -398,7 +408,12 @@ def _run_connected(client: Client, conninfo: str, req: ExecRequest) -> int:
 
 
 def _run_leased(
-    client: Client, lease: Lease, conninfo: str, req: ExecRequest, slot: str | None
+    client: Client,
+    lease: Lease,
+    conninfo: str,
+    req: ExecRequest,
+    slot: str | None,
+    child: Supervisor,
 ) -> tuple[int, str]:
     """With the lease held: start the command, supervise it, record the slot."""
     extra = {"job": req.key, "token": lease.token, "slot": slot}
@@ -419,24 +434,25 @@ def _run_leased(
     )
     if slot is not None:
         env["TENURE_SLOT"] = slot
-    child = Supervisor(req.grace, req.key, lease.token)
+    child.token = lease.token
     lease.on_lost(child.lease_lost)
-    child.install_signal_handlers()
     try:
-        try:
-            started = child.spawn(req.command, env)
-        except OSError as exc:
-            code = EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_NOT_EXECUTABLE
-            why = "not found" if code == EXIT_NOT_FOUND else "cannot be executed"
-            _say(f"error: command {req.command[0]!r} {why} ({exc.strerror}); lease released")
-            return code, "not_started"
-        if not started:
-            _say(f"lease {req.key!r} token {lease.token} was lost before the command started")
-            return EXIT_LEASE_LOST, "lease_lost"
+        started = child.spawn(req.command, env)
+    except OSError as exc:
+        code = EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_NOT_EXECUTABLE
+        why = "not found" if code == EXIT_NOT_FOUND else "cannot be executed"
+        _say(f"error: command {req.command[0]!r} {why} ({exc.strerror}); lease released")
+        return code, "not_started"
+    if not started:
+        _say(f"lease {req.key!r} token {lease.token} was lost before the command started")
+        return EXIT_LEASE_LOST, "lease_lost"
+    try:
         log.info("started %s as pid %s", req.command[0], child.pid, extra=extra)
         status = child.wait()
-    finally:
-        child.restore_signal_handlers()
+    except BaseException:
+        # tenure itself is failing: never leave the command running unsupervised.
+        child.abort()
+        raise
     code = exit_code(status)
     if child.lost_reason is not None:
         _say(
@@ -451,6 +467,18 @@ def _run_leased(
     return code, "succeeded"
 
 
+class Interrupted(BaseException):
+    """A forwarded signal (SIGTERM, SIGINT, ...) arrived before the command was started.
+
+    A BaseException, like KeyboardInterrupt: it unwinds whatever the main thread was doing
+    (connecting, waiting for the lease), releasing the lease on the way if it was taken.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
 class Supervisor:
     """The command's process group: start it, pass signals on, stop it when the lease is lost.
 
@@ -460,15 +488,16 @@ class Supervisor:
     late SIGKILL can never hit an unrelated process.
     """
 
-    def __init__(self, grace: float, job_key: str, token: int) -> None:
+    def __init__(self, grace: float, job_key: str) -> None:
         self.grace = grace
         self.job_key = job_key
-        self.token = token
+        self.token: int | None = None  # once the lease is taken (for messages)
         self.pid: int | None = None
         self.lost_reason: str | None = None
         # Re-entrant: a signal handler runs in the main thread, maybe while it holds the lock.
         self._lock = threading.RLock()
         self._reaping = False
+        self._spawning = False
         self._pending: list[int] = []
         self._killer: threading.Timer | None = None
         self._saved: dict[int, Any] = {}
@@ -484,17 +513,23 @@ class Supervisor:
         with self._lock:
             if self.lost_reason is not None:
                 return False
-            # posix_spawnp (vfork + exec) reports exec errors as OSError here, and is the
-            # cheapest way to start a process. Python ignores SIGPIPE and SIGXFSZ; the
-            # command gets the defaults back, as subprocess' restore_signals does.
-            self.pid = os.posix_spawnp(
-                command[0],
-                list(command),
-                env,
-                setsid=True,
-                setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
-                setsigmask=(),
-            )
+            # A signal arriving now is kept for the command, not raised: raising here could
+            # leave a started command unsupervised.
+            self._spawning = True
+            try:
+                # posix_spawnp (vfork + exec) reports exec errors as OSError here, and is the
+                # cheapest way to start a process. Python ignores SIGPIPE and SIGXFSZ; the
+                # command gets the defaults back, as subprocess' restore_signals does.
+                self.pid = os.posix_spawnp(
+                    command[0],
+                    list(command),
+                    env,
+                    setsid=True,
+                    setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
+                    setsigmask=(),
+                )
+            finally:
+                self._spawning = False
             pending, self._pending = self._pending, []
         for signum in pending:
             self.signal_group(signum)
@@ -518,8 +553,12 @@ class Supervisor:
     def _forward(self, signum: int, frame: Any) -> None:
         with self._lock:
             if self.pid is None:
+                if not self._spawning:
+                    raise Interrupted(signum)  # nothing started yet: stop here
                 self._pending.append(signum)
                 return
+        # Once the command has been reaped this does nothing: tenure finishes releasing
+        # the lease (briefly) rather than dying half-way.
         self.signal_group(signum)
 
     def signal_group(self, signum: int) -> None:
@@ -563,10 +602,16 @@ class Supervisor:
         the raw wait status."""
         pid = self.pid
         assert pid is not None
-        if hasattr(os, "waitid"):
-            # Wait without reaping: the zombie keeps the group id reserved. Signals that
-            # interrupt the wait run their handler and the wait resumes (PEP 475).
-            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        if not hasattr(os, "waitid"):  # e.g. macOS: no waiting without reaping
+            _, status = os.waitpid(pid, 0)
+            with self._lock:
+                self._reaping = True
+                if self._killer is not None:
+                    self._killer.cancel()
+            return status
+        # Wait without reaping: the zombie keeps the group id reserved. Signals that
+        # interrupt the wait run their handler and the wait resumes (PEP 475).
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
         with self._lock:
             if self._killer is not None:
                 self._killer.cancel()
@@ -576,6 +621,30 @@ class Supervisor:
             self._reaping = True
         _, status = os.waitpid(pid, 0)
         return status
+
+    def abort(self) -> None:
+        """Stop the command because tenure cannot supervise it any more: SIGTERM to the
+        group, SIGKILL after the grace period (or once the command has exited), reap."""
+        pid = self.pid
+        if pid is None or self._reaping:
+            return
+        self.signal_group(signal.SIGTERM)
+        deadline = time.monotonic() + self.grace
+        with contextlib.suppress(ChildProcessError):
+            while time.monotonic() < deadline and not _exited(pid):
+                time.sleep(0.05)
+            with self._lock:
+                self.signal_group(signal.SIGKILL)
+                self._reaping = True
+            os.waitpid(pid, 0)
+
+
+def _exited(pid: int) -> bool:
+    """Whether child ``pid`` has exited, without reaping it (False where the OS cannot say
+    so without reaping: the caller then waits out its grace period)."""
+    if not hasattr(os, "waitid"):
+        return False
+    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
 
 
 def exit_code(status: int) -> int:
