@@ -95,9 +95,12 @@ def cli() -> None:
 
     \b
     Start here:
-      tenure demo                 the seed scenario, live (embedded PostgreSQL if no DSN)
-      tenure migrate              create or upgrade tenure's tables
-      tenure status               every lease: holder token, expiry, seconds left
+      tenure demo                      the seed scenario, live (embedded PostgreSQL if no DSN)
+      tenure migrate                   create or upgrade tenure's tables
+      tenure exec --key K -- CMD       run a command under a fenced lease (cron, k8s, systemd)
+      tenure worker myapp:app          run a tenure.Scheduler's cron jobs, once per slot
+      tenure relay --webhook T=URL     deliver outbox messages, at least once
+      tenure status                    every lease: holder token, expiry, seconds left
     """
 
 
