@@ -8,12 +8,9 @@ older than the last it accepted. See docs/safety.md.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING, Any
 
-from . import inbox, metrics, outbox
-from ._async.client import AsyncClient, connect_async
-from ._async.fencing import fence_async
-from ._async.lease import AsyncLease, AsyncLeaseContext
-from ._async.results import AsyncResults
+from . import metrics
 from ._sync.client import Client, connect
 from ._sync.fencing import fence
 from ._sync.lease import Lease, LeaseContext
@@ -33,8 +30,43 @@ from .errors import (
     TokenNotIssued,
 )
 from .models import LeaseInfo, Result
-from .scheduler import JobContext, Scheduler
 from .validation import parse_duration
+
+if TYPE_CHECKING:
+    from . import inbox, outbox
+    from ._async.client import AsyncClient, connect_async
+    from ._async.fencing import fence_async
+    from ._async.lease import AsyncLease, AsyncLeaseContext
+    from ._async.results import AsyncResults
+    from .scheduler import JobContext, Scheduler
+
+# Imported on first use, so that `tenure exec` in a crontab does not pay for asyncio, the
+# scheduler and the outbox (PEP 562).
+_LAZY = {
+    "AsyncClient": "._async.client",
+    "connect_async": "._async.client",
+    "fence_async": "._async.fencing",
+    "AsyncLease": "._async.lease",
+    "AsyncLeaseContext": "._async.lease",
+    "AsyncResults": "._async.results",
+    "JobContext": ".scheduler",
+    "Scheduler": ".scheduler",
+    "inbox": ".inbox",
+    "outbox": ".outbox",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tenure' has no attribute {name!r}")
+    import importlib
+
+    loaded = importlib.import_module(module, __name__)
+    value = loaded if name in ("inbox", "outbox") else getattr(loaded, name)
+    globals()[name] = value
+    return value
+
 
 __version__ = "0.1.0"
 
