@@ -160,6 +160,20 @@ def translate(exc: psycopg.Error, doing: str, *, wrote: bool = False) -> TenureE
                 "a paused holder's transaction may hold the job's row lock",
                 sqlstate=state,
             )
+        if state == "08P01":
+            return DatabaseError(
+                f"{doing}: protocol violation ({exc.diag.message_primary}); behind PgBouncer "
+                "in transaction mode, connect with prepare_threshold=None "
+                "(--prepare-threshold none / $TENURE_PREPARE_THRESHOLD=none)",
+                sqlstate=state,
+            )
+        if state in ("42P05", "26000"):
+            return DatabaseError(
+                f"{doing}: a prepared statement is missing or duplicated "
+                f"({exc.diag.message_primary}); behind PgBouncer in transaction mode, connect "
+                "with prepare_threshold=None (--prepare-threshold none)",
+                sqlstate=state,
+            )
         if state.startswith(_UNAVAILABLE_CLASSES):
             return DatabaseUnavailable(
                 f"{doing}: the database is unavailable ({exc.diag.message_primary}, "

@@ -26,7 +26,14 @@ from ..errors import (
 )
 from ..models import Grant, LeaseInfo
 from ..queries import compose, queries
-from ..timeouts import CONNECTION_KWARGS, TIMEOUTS, lock_timeout_ms
+from ..timeouts import (
+    CONNECTION_KWARGS,
+    TIMEOUTS,
+    UNSET,
+    Unset,
+    lock_timeout_ms,
+    prepare_threshold_from_env,
+)
 from ..validation import Duration, check_job_key, check_schema, check_ttl, parse_duration
 from .lease import AsyncLease, AsyncLeaseContext
 from .results import AsyncResults
@@ -83,7 +90,17 @@ class AsyncClient:
             finally:
                 await self._pool.putconn(conn)
         except psycopg.Error as exc:
+            if isinstance(exc, psycopg.OperationalError):
+                await self._drop_dead_connections()
             raise translate(exc, doing, wrote=wrote) from exc
+
+    async def _drop_dead_connections(self) -> None:
+        """After a connection failure (server restart, terminated backends), test the idle
+        connections once, so the next calls get live ones instead of failing one by one."""
+        try:
+            await self._pool.check()
+        except psycopg.Error:  # the server is still away: the next call reconnects
+            log.debug("checking pooled connections failed", exc_info=True)
 
     # -- schema -----------------------------------------------------------------------------
 
@@ -298,19 +315,32 @@ async def connect_async(
     pool_size: int = 4,
     migrate: bool = False,
     application_name: str = "tenure",
+    prepare_threshold: int | Unset | None = UNSET,
 ) -> AsyncClient:
     """Connect to PostgreSQL (``dsn``, else ``$TENURE_DSN``, ``$DATABASE_URL``, else the
     embedded server) and return a client for ``schema``.
 
     ``pool_size``: connections kept for lease operations and renewals. ``migrate``: apply
     pending migrations first. ``application_name``: shown in ``pg_stat_activity``.
+    ``prepare_threshold``: psycopg's server-side prepared statements (after 5 executions of a
+    query; default ``$TENURE_PREPARE_THRESHOLD``, else 5); pass None (or set
+    ``TENURE_PREPARE_THRESHOLD=none``) behind PgBouncer in transaction mode before 1.21,
+    where one client's prepared statements reach another's server connection.
     """
     check_schema(schema)
     if pool_size < 1:
         raise InvalidArgument(f"pool_size must be at least 1, got {pool_size}")
     conninfo, source = resolve(dsn)
     where = describe(conninfo)
-    kwargs = {**CONNECTION_KWARGS, "application_name": application_name}
+    kwargs = {
+        **CONNECTION_KWARGS,
+        "application_name": application_name,
+        "prepare_threshold": (
+            prepare_threshold_from_env()
+            if isinstance(prepare_threshold, Unset)
+            else prepare_threshold
+        ),
+    }
     try:
         # One direct attempt first: its error says what is wrong, a pool timeout would not.
         probe = await AsyncConnection.connect(conninfo, **kwargs)

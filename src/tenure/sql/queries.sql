@@ -9,6 +9,10 @@
 -- moves the fence row to the new token: it waits for any fenced transaction of the previous
 -- holder (strict fencing), bounded by lock_timeout, which this statement lowers to at most
 -- the TTL before it can wait (set_config(..., true) lasts until the statement ends).
+-- Token floor: the first token of a key, and the least token of any takeover, is
+-- (timeline - 1) * 2^40 + 1. On timeline 1 that is 1 and changes nothing; after a failover to
+-- a replica (a new timeline) every token is above all tokens the old primary could have
+-- issued, even takeovers that asynchronous replication lost: a token is never reissued.
 WITH cur AS MATERIALIZED (
     SELECT fencing_token, lease_until, lease_until >= clock_timestamp() AS live
     FROM {schema}.job_leases
@@ -16,14 +20,16 @@ WITH cur AS MATERIALIZED (
 ), taken AS (
     INSERT INTO {schema}.job_leases AS l
         (job_key, lease_owner, lease_until, fencing_token, lease_ttl, acquired_at, renewed_at)
-    SELECT %(job_key)s, %(owner)s, clock_timestamp() + %(ttl)s, 1, %(ttl)s,
-           clock_timestamp(), clock_timestamp()
+    SELECT %(job_key)s, %(owner)s, clock_timestamp() + %(ttl)s,
+           ((('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int - 1)
+               ::bigint << 40) + 1,
+           %(ttl)s, clock_timestamp(), clock_timestamp()
     WHERE NOT EXISTS (SELECT 1 FROM cur WHERE cur.live)
       AND (SELECT set_config('lock_timeout', %(lock_timeout)s, true)) IS NOT NULL
     ON CONFLICT (job_key) DO UPDATE
     SET lease_owner = excluded.lease_owner,
         lease_until = clock_timestamp() + excluded.lease_ttl,
-        fencing_token = l.fencing_token + 1,
+        fencing_token = greatest(l.fencing_token + 1, excluded.fencing_token),
         lease_ttl = excluded.lease_ttl,
         acquired_at = clock_timestamp(),
         renewed_at = clock_timestamp()

@@ -66,7 +66,8 @@ LEFT JOIN old AS o ON o.job_key = u.job_key;
 -- other worker is claiming it (SKIP LOCKED on the job row and on its fence row: a job whose
 -- previous holder still has a fenced transaction open is left for a later claim instead of
 -- blocking the batch). Each claimed job's lease is taken over with the core acquire's
--- semantics: fresh owner, token + 1, the ON CONFLICT WHERE re-checked on the locked row,
+-- semantics: fresh owner, token + 1 (and the timeline floor, see queries.sql acquire), the
+-- ON CONFLICT WHERE re-checked on the locked row,
 -- job_state.token moved in the same statement (strict fencing). claim_token records the
 -- newest claim: the start and finish statements are fenced on it.
 -- A last row (job_key NULL) says when the worker should look again: the next due_at, the
@@ -91,14 +92,16 @@ WITH clock AS MATERIALIZED (
 ), taken AS (
     INSERT INTO {schema}.job_leases AS l
         (job_key, lease_owner, lease_until, fencing_token, lease_ttl, acquired_at, renewed_at)
-    SELECT d.job_key, gen_random_uuid(), clock_timestamp() + d.ttl, 1, d.ttl,
-           clock_timestamp(), clock_timestamp()
+    SELECT d.job_key, gen_random_uuid(), clock_timestamp() + d.ttl,
+           ((('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int - 1)
+               ::bigint << 40) + 1,
+           d.ttl, clock_timestamp(), clock_timestamp()
     FROM due AS d
     ORDER BY d.job_key
     ON CONFLICT (job_key) DO UPDATE
     SET lease_owner = excluded.lease_owner,
         lease_until = clock_timestamp() + excluded.lease_ttl,
-        fencing_token = l.fencing_token + 1,
+        fencing_token = greatest(l.fencing_token + 1, excluded.fencing_token),
         lease_ttl = excluded.lease_ttl,
         acquired_at = clock_timestamp(),
         renewed_at = clock_timestamp()
