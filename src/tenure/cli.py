@@ -51,7 +51,8 @@ def db_options(fn: F) -> F:
         default=None,
         envvar="TENURE_DSN",
         show_envvar=True,
-        help="PostgreSQL connection string. Unset: $DATABASE_URL, else the embedded server.",
+        help="PostgreSQL connection string. Unset: $DATABASE_URL, else the embedded server."
+        " Behind PgBouncer in transaction mode, also set TENURE_PREPARE_THRESHOLD=none.",
     )(fn)
     return fn
 
@@ -100,7 +101,8 @@ def cli() -> None:
       tenure exec --key K -- CMD       run a command under a fenced lease (cron, k8s, systemd)
       tenure worker myapp:app          run a tenure.Scheduler's cron jobs, once per slot
       tenure relay --webhook T=URL     deliver outbox messages, at least once
-      tenure status                    every lease: holder token, expiry, seconds left
+      tenure status                    every job: holder token, expiry, runs, failures, p95
+      tenure doctor                    check DSN, connectivity, schema, clocks, PgBouncer
     """
 
 
@@ -162,48 +164,98 @@ def migrate(dsn: str | None, schema: str, log_level: str, log_format: str) -> No
     show_envvar=True,
     help="Print JSON instead of a table.",
 )
+@click.option(
+    "--window",
+    default="1h",
+    envvar="TENURE_STATUS_WINDOW",
+    show_envvar=True,
+    help="Period the run counts and duration percentiles cover (runs started in it).",
+)
 @handle_errors
-def status(dsn: str | None, schema: str, log_level: str, log_format: str, as_json: bool) -> None:
-    """Every job's lease: token, holder, expiry and seconds left (database clock)."""
+def status(
+    dsn: str | None, schema: str, log_level: str, log_format: str, as_json: bool, window: str
+) -> None:
+    """Every job as the database sees it, whichever process did the work.
+
+    Per job: lease holder token and expiry, last run and outcome, next slot, runs / failures /
+    lost leases / stale rejections and duration p50/p95/p99 over --window (from the
+    scheduler's run history), last result token. Every time is the database clock.
+    """
     _setup_logs(log_level, log_format)
+    from .errors import InvalidArgument
+    from .status import overview
+    from .validation import parse_duration
+
+    seconds = parse_duration(window, what="--window")
+    if seconds <= 0:
+        raise InvalidArgument(f"--window must be positive, got {window!r}")
     with _connect(dsn, schema) as client:
-        leases = client.leases()
-        results = {info.job_key: client.results.get(info.job_key) for info in leases}
-    rows = [
-        {
-            "job": info.job_key,
-            "token": info.token,
-            "held": info.held,
-            "owner": str(info.owner),
-            "expires_at": info.expires_at.isoformat(),
-            "seconds_left": round(info.seconds_left, 3),
-            "result_token": results[info.job_key].token if results[info.job_key] else None,
-            "result_at": (
-                results[info.job_key].written_at.isoformat() if results[info.job_key] else None
-            ),
-        }
-        for info in leases
-    ]
+        jobs = overview(client, window=seconds)
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
+        click.echo(json.dumps([job.as_json() for job in jobs], indent=2))
         return
-    if not rows:
-        click.echo("no leases yet")
+    if not jobs:
+        click.echo("no leases or scheduled jobs yet")
         return
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("job", "token", "state", "seconds left", "expires (db)", "result token")
-    for row in rows:
+    def took(value: float | None) -> str:
+        if value is None:
+            return "-"
+        return f"{value * 1000:.3g}ms" if value < 1 else f"{value:.3g}s"
+
+    def ago(seconds: float) -> str:
+        """Compact relative time (the table has to fit 80 columns)."""
+        n = abs(seconds)
+        if n < 60:
+            text = f"{n:.1f}s"
+        elif n < 3600:
+            text = f"{n / 60:.0f}m"
+        elif n < 86400:
+            text = f"{n / 3600:.1f}h"
+        else:
+            text = f"{n / 86400:.1f}d"
+        return f"{text} ago" if seconds >= 0 else f"in {text}"
+
+    table = Table(title=f"times: database clock; counts: last {window}", title_justify="left")
+    table.add_column("job", no_wrap=True)
+    for name in (
+        "token",
+        "lease",
+        "last run",
+        "next slot",
+        "runs/fail/lost/stale",
+        "p50 / p95 / p99",
+    ):
+        table.add_column(name, no_wrap=True)
+    table.add_column("result", justify="right")
+    for job in jobs:
+        lease = "-"
+        if job.token is not None and job.seconds_left is not None:
+            lease = f"held {job.seconds_left:.1f}s" if job.held else "free"
+        last = "-"
+        if job.last_run is not None:
+            since = (job.now - job.last_run.started_at).total_seconds()
+            last = f"{job.last_run.outcome} {ago(since)}"
+        next_slot = "-"
+        if job.next_slot is not None:
+            due = (job.now - job.next_slot).total_seconds()
+            next_slot = "due now" if due >= 0 else ago(due)
+        if job.paused:
+            next_slot = "paused"
         table.add_row(
-            row["job"],
-            str(row["token"]),
-            "held" if row["held"] else "free",
-            f"{row['seconds_left']:.1f}",
-            row["expires_at"],
-            str(row["result_token"] or "-"),
+            job.job_key,
+            "-" if job.token is None else str(job.token),
+            lease,
+            last,
+            next_slot,
+            f"{job.runs}/{job.failures}/{job.lost_leases}/{job.stale_rejections}",
+            f"{took(job.p50)} / {took(job.p95)} / {took(job.p99)}",
+            "-" if job.result_token is None else str(job.result_token),
         )
-    Console().print(table)
+    # Piped (a file, less, a test): no terminal width to fit, so do not wrap cells.
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -328,6 +380,9 @@ from .scheduling.commands import jobs, worker  # noqa: E402
 
 cli.add_command(worker)
 cli.add_command(jobs)
+from .doctor import doctor  # noqa: E402
+
+cli.add_command(doctor)
 
 
 def main() -> None:

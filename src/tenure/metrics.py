@@ -3,8 +3,15 @@
 tenure emits one :class:`Event` per lease acquire, renewal, loss, release and stale-token
 rejection. Anything can subscribe (OpenTelemetry, structlog, a test); the Prometheus sink is
 one subscriber, installed with :func:`install_prometheus` when ``prometheus_client`` is
-present (``pip install tenure[prometheus]``). Labels are low-cardinality: job and outcome,
-never owner or token.
+present (``pip install tenure[prometheus]``). Labels are low-cardinality: job and outcome
+(topic for the outbox), never owner or token.
+
+Several processes (gunicorn, a pre-fork server): set ``PROMETHEUS_MULTIPROC_DIR`` to an
+empty directory before the processes start, as prometheus_client documents; each process
+calls :func:`install_prometheus` and one endpoint exposes them all
+(:func:`tenure.observe.exposition_registry`). ``tenure_leases_held`` is then summed over the
+live processes; call ``prometheus_client.multiprocess.mark_process_dead(pid)`` when a process
+exits (gunicorn's ``child_exit`` hook).
 """
 
 from __future__ import annotations
@@ -20,11 +27,35 @@ log = logging.getLogger("tenure.metrics")
 #: Event names and the outcome values each carries.
 ACQUIRE = "lease_acquire"  # outcome: acquired | busy | error
 RENEW = "lease_renew"  # outcome: renewed | lost | error
-LOST = "lease_lost"  # outcome: the reason (refused | deadline | released_elsewhere)
+LOST = "lease_lost"  # outcome: the reason (refused | deadline)
 RELEASE = "lease_release"  # value: seconds the lease was held
 STALE = "stale_token_rejection"  # outcome: the site (result | fence)
 JOB = "job_run"  # outcome: succeeded | failed | lease_lost | ...; value: duration seconds
 JOB_LATENESS = "job_lateness"  # scheduler: value: run start minus its slot, database clock (s)
+OUTBOX_DELIVERY = "outbox_delivery"  # job = topic; outcome: delivered | retry | dead | lost_claim
+
+#: Label values created at zero as soon as a process acquires a job, so that the first
+#: renewal failure, lost lease or stale rejection shows as an increase (Prometheus'
+#: increase() cannot see the first increment of a series that appears already at 1).
+_RENEW_OUTCOMES = ("renewed", "lost", "error")
+_LOST_REASONS = ("refused", "deadline")
+_STALE_SITES = ("result", "fence")
+
+#: Buckets (seconds). Job runs: from milliseconds to an hour. Lateness: a healthy worker
+#: starts a slot within milliseconds; seconds mean a busy or stalled worker, minutes a
+#: missing one.
+_INF = float("inf")
+DURATION_BUCKETS: tuple[float, ...] = (
+    *(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+    *(30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, _INF),
+)
+LATENESS_BUCKETS: tuple[float, ...] = (
+    *(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+    *(10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, _INF),
+)
+DELIVERY_BUCKETS: tuple[float, ...] = (
+    *(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, _INF),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,17 +129,54 @@ def install_prometheus(registry: Any = None) -> Callable[[], None]:
         ["job", "site"],
         **kw,
     )
-    held = prom.Gauge("tenure_leases_held", "Leases this process holds", ["job"], **kw)
+    # livesum: in multiprocess mode, the sum over live processes (a dead one holds nothing).
+    held = prom.Gauge(
+        "tenure_leases_held",
+        "Leases this process holds",
+        ["job"],
+        multiprocess_mode="livesum",
+        **kw,
+    )
     duration = prom.Histogram(
-        "tenure_job_duration_seconds", "Job run duration", ["job", "outcome"], **kw
+        "tenure_job_duration_seconds",
+        "Job run duration",
+        ["job", "outcome"],
+        buckets=DURATION_BUCKETS,
+        **kw,
     )
     runs = prom.Counter("tenure_job_runs", "Job runs by outcome", ["job", "outcome"], **kw)
+    lateness = prom.Histogram(
+        "tenure_schedule_lateness_seconds",
+        "How late a scheduled run started after its slot (database clock)",
+        ["job"],
+        buckets=LATENESS_BUCKETS,
+        **kw,
+    )
+    deliveries = prom.Counter(
+        "tenure_outbox_delivery_attempts",
+        "Outbox delivery attempts by outcome (delivered, retry, dead, lost_claim)",
+        ["topic", "outcome"],
+        **kw,
+    )
+    delivery_time = prom.Histogram(
+        "tenure_outbox_delivery_duration_seconds",
+        "Outbox handler call duration, any outcome",
+        ["topic"],
+        buckets=DELIVERY_BUCKETS,
+        **kw,
+    )
 
     def sink(event: Event) -> None:
         if event.name == ACQUIRE:
             acquire.labels(event.job, event.outcome).inc()
             if event.outcome == "acquired":
                 held.labels(event.job).inc()
+                for outcome in _RENEW_OUTCOMES:
+                    renew.labels(event.job, outcome)
+                for reason in _LOST_REASONS:
+                    lost.labels(event.job, reason)
+                for site in _STALE_SITES:
+                    stale.labels(event.job, site)
         elif event.name == RENEW:
             renew.labels(event.job, event.outcome).inc()
         elif event.name == LOST:
@@ -122,6 +190,14 @@ def install_prometheus(registry: Any = None) -> Callable[[], None]:
             runs.labels(event.job, event.outcome).inc()
             if event.value is not None:
                 duration.labels(event.job, event.outcome).observe(event.value)
+        elif event.name == JOB_LATENESS:
+            if event.value is not None:
+                # A run claimed a hair before its slot by the database clock counts as on time.
+                lateness.labels(event.job).observe(max(0.0, event.value))
+        elif event.name == OUTBOX_DELIVERY:
+            deliveries.labels(event.job, event.outcome).inc()
+            if event.value is not None:
+                delivery_time.labels(event.job).observe(event.value)
 
     unsubscribe = subscribe(sink)
     _installed[id(registry)] = unsubscribe

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from .cli import _connect, _setup_logs, db_options, handle_errors
+from .observe import metrics_options, serve_from_cli
 
 # tenure.cli.CONTEXT, spelled out: mypy cannot infer a name imported back from the module
 # that imports this one (cli registers these commands at its end).
@@ -101,6 +102,7 @@ CONTEXT: dict[str, Any] = {
     show_envvar=True,
     help="Longest sleep without a notification (LISTEN/NOTIFY wakes the relay sooner).",
 )
+@metrics_options
 @handle_errors
 def relay(
     dsn: str | None,
@@ -117,6 +119,8 @@ def relay(
     backoff: str,
     backoff_max: str,
     poll: str,
+    metrics_port: int | None,
+    metrics_host: str,
 ) -> None:
     """Deliver committed outbox messages, at least once, until SIGTERM or Ctrl-C.
 
@@ -154,6 +158,7 @@ def relay(
         )
         sys.stdout.flush()
 
+    serve_from_cli(metrics_port, metrics_host, dsn=dsn, schema=schema)
     done = relay_mod.serve(
         handlers,
         dsn=dsn,

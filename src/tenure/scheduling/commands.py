@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ..cli import db_options, handle_errors
+from ..observe import metrics_options, serve_from_cli
 
 # tenure.cli.CONTEXT, spelled out: mypy cannot infer a name imported back from the module
 # that imports this one (cli registers these commands at its end).
@@ -100,6 +101,7 @@ def load_app(path: str) -> Scheduler:
     show_envvar=True,
     help="Apply pending migrations before starting.",
 )
+@metrics_options
 @click.pass_context
 @handle_errors
 def worker_command(
@@ -112,6 +114,8 @@ def worker_command(
     concurrency: int | None,
     shutdown_grace: str | None,
     migrate: bool,
+    metrics_port: int | None,
+    metrics_host: str,
 ) -> None:
     """Run the scheduled jobs of APP (MODULE:ATTRIBUTE, a tenure.Scheduler; or $TENURE_APP)
     until SIGTERM.
@@ -132,6 +136,7 @@ def worker_command(
         scheduler.schema = schema
     if migrate:
         scheduler.migrate = True
+    serve_from_cli(metrics_port, metrics_host, dsn=scheduler.dsn, schema=scheduler.schema)
     scheduler.run(concurrency=concurrency, shutdown_grace=shutdown_grace)
 
 

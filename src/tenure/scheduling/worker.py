@@ -428,6 +428,8 @@ class Worker:
             planned.append((claim, spec, self._schedule(claim), decided))
         if foreign:
             await self._unclaim(foreign)
+            for claim in foreign:
+                metrics.emit(metrics.RELEASE, claim.job_key, value=0.0)
         if not planned:
             return
         try:
@@ -441,6 +443,8 @@ class Worker:
                 len(planned),
                 exc,
             )
+            for claim, *_ in planned:
+                metrics.emit(metrics.RELEASE, claim.job_key, value=0.0)
             return
         started = {key: at for key, at in rows}
         for claim, spec, schedule, decided in planned:
@@ -452,6 +456,7 @@ class Worker:
                     claim.token,
                     extra=extra,
                 )
+                metrics.emit(metrics.RELEASE, claim.job_key, value=0.0)
                 continue
             self._report_skipped(claim, decided)
             if decided.run_slot is None:
@@ -694,12 +699,16 @@ class Worker:
             except TenureError as exc:
                 log.warning("job %r: recording the end of a run failed: %s", key, exc, extra=extra)
                 break
+        # A lease marked lost has already been counted out of tenure_leases_held.
+        counted_out = run.lease._lost_reason is not None
         _retire(run.lease)
         self.runs += 1
         if not done:
             self.handed_over += 1
-        metrics.emit(metrics.RELEASE, key, value=duration)
+        if not counted_out:
+            metrics.emit(metrics.RELEASE, key, value=duration)
         metrics.emit(metrics.JOB, key, recorded, duration)
+        extra["outcome"] = recorded
         if recorded in ("lease_lost", "stale_rejected", "cancelled"):
             log.warning(
                 "job %r slot %s token %s: %s (%s)",

@@ -1,0 +1,57 @@
+-- The metrics server (tenure.observe): readiness and the gauges read from the database at
+-- scrape time. Cluster-wide values, the same whichever process serves them. Every time is
+-- the database clock. {schema} is substituted as an identifier.
+
+-- name: observe_has_schema
+SELECT EXISTS (
+    SELECT 1 FROM pg_tables WHERE schemaname = %(schema)s AND tablename = 'tenure_migrations'
+);
+
+-- name: observe_schema_version
+SELECT max(version) FROM {schema}.tenure_migrations;
+
+-- name: observe_jobs
+-- Per scheduled job: its schedule (for the slot interval), whether it is paused, when its
+-- newest successful run finished, and how long it has gone without one. With no success in
+-- the (pruned) history, the age counts from the oldest history row, else from the
+-- registration: a lower bound, so an alert on it never fires early. Both lateral lookups
+-- walk the (job_key, run_id) index from one end.
+SELECT j.job_key,
+       j.cron,
+       j.every,
+       j.timezone,
+       j.paused,
+       extract(epoch FROM s.finished_at)::float8 AS last_success,
+       extract(epoch FROM clock_timestamp()
+                          - coalesce(s.finished_at, f.recorded_at, j.defined_at))::float8
+           AS since_success
+FROM {schema}.scheduled_jobs AS j
+LEFT JOIN LATERAL (
+    SELECT r.finished_at
+    FROM {schema}.job_runs AS r
+    WHERE r.job_key = j.job_key AND r.outcome = 'succeeded'
+    ORDER BY r.run_id DESC
+    LIMIT 1
+) AS s ON true
+LEFT JOIN LATERAL (
+    SELECT r.recorded_at
+    FROM {schema}.job_runs AS r
+    WHERE r.job_key = j.job_key
+    ORDER BY r.run_id
+    LIMIT 1
+) AS f ON true
+ORDER BY j.job_key;
+
+-- name: observe_outbox
+-- Per topic: messages waiting (pending, including those backing off before a retry), dead
+-- ones (parked until `tenure outbox retry`) and the age of the oldest pending one.
+SELECT topic,
+       count(*) FILTER (WHERE state = 'pending') AS pending,
+       count(*) FILTER (WHERE state = 'dead') AS dead,
+       extract(epoch FROM clock_timestamp()
+                          - min(created_at) FILTER (WHERE state = 'pending'))::float8
+           AS oldest_pending_age
+FROM {schema}.outbox
+WHERE state IN ('pending', 'dead')
+GROUP BY topic
+ORDER BY topic;
