@@ -57,6 +57,17 @@ def db_options(fn: F) -> F:
     return fn
 
 
+def json_option_with(help_text: str) -> Callable[[F], F]:
+    """--json (and $TENURE_JSON) for commands that can print machine-readable output."""
+    return click.option(
+        "--json", "as_json", is_flag=True, envvar="TENURE_JSON", show_envvar=True, help=help_text
+    )
+
+
+def json_option(fn: F) -> F:
+    return json_option_with("Print JSON instead of a table.")(fn)
+
+
 def handle_errors(fn: F) -> F:
     """Turn tenure errors into one line on stderr and exit 1, never a traceback."""
 
@@ -156,14 +167,7 @@ def migrate(dsn: str | None, schema: str, log_level: str, log_format: str) -> No
 
 @cli.command(context_settings=CONTEXT)
 @db_options
-@click.option(
-    "--json",
-    "as_json",
-    is_flag=True,
-    envvar="TENURE_JSON",
-    show_envvar=True,
-    help="Print JSON instead of a table.",
-)
+@json_option
 @click.option(
     "--window",
     default="1h",

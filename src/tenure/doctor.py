@@ -35,7 +35,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from . import migrations
-from .cli import db_options, handle_errors
+from .cli import db_options, handle_errors, json_option_with
 from .dsn import describe
 from .errors import translate
 from .queries import queries
@@ -470,14 +470,7 @@ def render(checks: list[Check]) -> Iterator[str]:
 
 @click.command("doctor", context_settings=CONTEXT)
 @db_options
-@click.option(
-    "--json",
-    "as_json",
-    is_flag=True,
-    envvar="TENURE_JSON",
-    show_envvar=True,
-    help="Print JSON instead of text.",
-)
+@json_option_with("Print JSON instead of text.")
 @click.pass_context
 @handle_errors
 def doctor_command(

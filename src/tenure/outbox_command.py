@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from .cli import _connect, _setup_logs, db_options, handle_errors
+from .cli import _connect, _setup_logs, db_options, handle_errors, json_option
 from .observe import metrics_options, serve_from_cli
 
 # tenure.cli.CONTEXT, spelled out: mypy cannot infer a name imported back from the module
@@ -202,14 +202,7 @@ def outbox() -> None:
     show_envvar=True,
     help="At most this many messages (oldest first).",
 )
-@click.option(
-    "--json",
-    "as_json",
-    is_flag=True,
-    envvar="TENURE_JSON",
-    show_envvar=True,
-    help="Print JSON instead of a table.",
-)
+@json_option
 @handle_errors
 def outbox_list(
     dsn: str | None,

@@ -220,8 +220,14 @@ class AsyncClient:
                 sent_at=sent,
             )
         metrics.emit(metrics.ACQUIRE, job_key, "busy")
-        token, expires_at = (rows[0][1], rows[0][2]) if rows else (None, None)
-        return LeaseBusy(job_key, token, expires_at)
+        if rows:
+            return LeaseBusy(job_key, rows[0][1], rows[0][2])
+        # A concurrent first acquire of this key won the race: our statement's snapshot
+        # predates its row. One more (rare) statement names the winner.
+        info = await self.inspect(job_key)
+        if info is None:
+            return LeaseBusy(job_key, None, None)
+        return LeaseBusy(job_key, info.token, info.expires_at)
 
     async def acquire(
         self, job_key: str, *, ttl: Duration = DEFAULT_TTL, safety_margin: Duration | None = None

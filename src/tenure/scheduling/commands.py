@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ..cli import db_options, handle_errors
+from ..cli import db_options, handle_errors, json_option, json_option_with
 from ..observe import metrics_options, serve_from_cli
 
 # tenure.cli.CONTEXT, spelled out: mypy cannot infer a name imported back from the module
@@ -163,14 +163,7 @@ def _when(value: Any) -> str:
 
 @jobs_group.command("list", context_settings=CONTEXT)
 @db_options
-@click.option(
-    "--json",
-    "as_json",
-    is_flag=True,
-    envvar="TENURE_JSON",
-    show_envvar=True,
-    help="Print JSON instead of a table.",
-)
+@json_option
 @handle_errors
 def jobs_list(dsn: str | None, schema: str, log_level: str, log_format: str, as_json: bool) -> None:
     """Every scheduled job: schedule, state, next slot, last outcome (database clock)."""
@@ -259,14 +252,7 @@ def jobs_trigger(dsn: str | None, schema: str, log_level: str, log_format: str, 
     show_envvar=True,
     help="How many rows, newest first.",
 )
-@click.option(
-    "--json",
-    "as_json",
-    is_flag=True,
-    envvar="TENURE_JSON",
-    show_envvar=True,
-    help="Print JSON lines instead of a table.",
-)
+@json_option_with("Print JSON lines instead of a table.")
 @handle_errors
 def jobs_history(
     dsn: str | None,
