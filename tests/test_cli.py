@@ -132,3 +132,25 @@ def test_demo_runs_the_seed_scenario(dsn: str, schema: str) -> None:
         info = client.inspect("demo:nightly-report")
     assert stored is not None and stored.payload["by"] == "B"
     assert info is not None and stored.token == info.token
+
+
+def test_every_option_has_a_tenure_env_twin_shown_in_help() -> None:
+    import click
+
+    from tenure.cli import cli
+
+    missing: list[str] = []
+
+    def walk(command: click.Command, path: str) -> None:
+        if isinstance(command, click.Group):
+            for name, sub in command.commands.items():
+                walk(sub, f"{path} {name}")
+        for param in command.params:
+            if not isinstance(param, click.Option) or param.name in ("help", "version"):
+                continue
+            envvar = param.envvar if isinstance(param.envvar, str) else None
+            if not envvar or not envvar.startswith("TENURE_") or not param.show_envvar:
+                missing.append(f"{path} {'/'.join(param.opts)}")
+
+    walk(cli, "tenure")
+    assert missing == []
