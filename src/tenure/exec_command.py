@@ -285,6 +285,16 @@ def _check_key(ctx: click.Context, param: click.Parameter, value: str) -> str:
     "period's boundaries (e.g. */5 with 5m).",
 )
 @click.option(
+    "--metrics-textfile",
+    type=click.Path(dir_okay=False, writable=True),
+    default=None,
+    envvar="TENURE_EXEC_METRICS_TEXTFILE",
+    show_envvar=True,
+    help="After the run, write gauges about it (end time, duration, exit code, outcome, last "
+    "success) to this file for node_exporter's textfile collector, e.g. "
+    "/var/lib/node_exporter/textfile/KEY.prom.",
+)
+@click.option(
     "--quiet",
     "-q",
     is_flag=True,
@@ -305,6 +315,7 @@ def exec_command(
     slot: str | None,
     every: int | None,
     quiet: bool,
+    metrics_textfile: str | None,
     command: tuple[str, ...],
 ) -> NoReturn:
     """Run COMMAND under the lease KEY, once at a time across hosts.
@@ -342,7 +353,29 @@ def exec_command(
         dsn=dsn,
         schema=schema,
     )
-    sys.exit(main(request))
+    if metrics_textfile is None:
+        sys.exit(main(request))
+    sys.exit(_main_with_textfile(request, metrics_textfile))
+
+
+def _main_with_textfile(request: ExecRequest, path: str) -> int:
+    """Run, then record this run's gauges in ``path`` (see :mod:`tenure.textfile`)."""
+    from . import metrics, textfile
+
+    runs: list[metrics.Event] = []
+    unsubscribe = metrics.subscribe(
+        lambda e: runs.append(e) if e.name == metrics.JOB and e.job == request.key else None
+    )
+    try:
+        code = main(request)
+    finally:
+        unsubscribe()
+    outcome = runs[-1].outcome if runs else "error"
+    try:
+        textfile.write_last_run(path, request.key, outcome, code, runs[-1].value if runs else None)
+    except OSError as exc:
+        _say(f"warning: could not write --metrics-textfile {path}: {exc}")
+    return code
 
 
 def main(request: ExecRequest) -> int:
