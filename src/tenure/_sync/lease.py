@@ -185,11 +185,7 @@ class Lease:
         if self._released:
             return False
         was_lost = self._lost_reason is not None
-        self._released = True
-        with self._lock:
-            if self._lost_reason is None:
-                self._lost_reason = "released"
-            self._callbacks = []
+        self.mark_released()
         if was_lost:
             return False
         rows = self._client._fetch(
@@ -201,6 +197,27 @@ class Lease:
         metrics.emit(metrics.RELEASE, self.job_key, value=monotonic() - self._acquired_mono)
         log.info("lease %r token %s released", self.job_key, self.token, extra=self._log_extra())
         return bool(rows)
+
+    def mark_released(self) -> None:
+        """Record that the lease row was released by another statement (the scheduler's
+        finish statement releases it together with the run's outcome). No SQL runs."""
+        with self._lock:
+            self._released = True
+            if self._lost_reason is None:
+                self._lost_reason = "released"
+            self._callbacks = []
+
+    def keep(self, body: Any = None) -> None:
+        """Renew in the background every ttl/3 and mark the lease lost at its local deadline
+        (what ``client.lease()`` does). ``body``: an asyncio task or future to cancel when the
+        lease is lost (asyncio only). Stop with :meth:`stop_keeping` or :meth:`release`."""
+        if body is not None:
+            self._body_task = body
+        self._start_keeper()
+
+    def stop_keeping(self) -> None:
+        """Stop the background renewal without releasing the lease."""
+        self._stop_keeper()
 
     def _start_keeper(self) -> None:
         self._workers = [

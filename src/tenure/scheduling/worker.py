@@ -601,11 +601,11 @@ class Worker:
             "job %r slot %s starts with token %s", key, run.slot.isoformat(), token, extra=extra
         )
         try:
-            lease._start_keeper()  # renew every ttl/3; mark lost at the local deadline
             if run.spec.is_async:
                 body: asyncio.Future[Any] = asyncio.ensure_future(run.spec.fn(ctx))
-                lease._body_task = body  # the lease cancels it when lost
+                lease.keep(body)  # renew every ttl/3; cancel the body when the lease is lost
             else:
+                lease.keep()  # renew every ttl/3; mark lost at the local deadline
                 body = _in_thread(run.spec.fn, ctx, f"tenure-job-{key}")
             run.body = body
             await body
@@ -645,7 +645,7 @@ class Worker:
                     extra=extra,
                 )
         finally:
-            await lease._stop_keeper()
+            await lease.stop_keeping()
         duration = loop.time() - began
         await self._finish(run, outcome, error, duration)
 
@@ -700,8 +700,8 @@ class Worker:
                 log.warning("job %r: recording the end of a run failed: %s", key, exc, extra=extra)
                 break
         # A lease marked lost has already been counted out of tenure_leases_held.
-        counted_out = run.lease._lost_reason is not None
-        _retire(run.lease)
+        counted_out = run.lease._lost_reason is not None  # without evaluating the deadline
+        run.lease.mark_released()
         self.runs += 1
         if not done:
             self.handed_over += 1
@@ -900,16 +900,6 @@ def _in_thread(fn: Any, ctx: JobContext, name: str) -> asyncio.Future[Any]:
 
     threading.Thread(target=target, name=name, daemon=True).start()
     return future
-
-
-def _retire(lease: AsyncLease) -> None:
-    """Mark a lease released after sched_finish released it in the database (the same
-    bookkeeping as AsyncLease.release(), without a second statement)."""
-    with lease._lock:
-        lease._released = True
-        if lease._lost_reason is None:
-            lease._lost_reason = "released"
-        lease._callbacks = []
 
 
 def _signal_name(signum: int) -> str:
