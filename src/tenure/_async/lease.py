@@ -300,8 +300,7 @@ class AsyncLeaseContext:
                 raise outcome
             await sleep(min(delay, left))
             delay = min(delay * 2, 0.5)
-        outcome._body_task = current_task()
-        outcome._start_keeper()
+        outcome.keep(current_task())
         self._lease = outcome
         return outcome
 
