@@ -222,7 +222,15 @@ def status(
             text = f"{n / 86400:.1f}d"
         return f"{text} ago" if seconds >= 0 else f"in {text}"
 
-    table = Table(title=f"times: database clock; counts: last {window}", title_justify="left")
+    from rich import box
+
+    terminal = sys.stdout.isatty()
+    # A rich table on a terminal; plain aligned text when piped (grep, awk, a file).
+    table = Table(
+        title=f"times: database clock; counts: last {window}",
+        title_justify="left",
+        box=box.HEAVY_HEAD if terminal else None,
+    )
     table.add_column("job", no_wrap=True)
     for name in (
         "token",
@@ -258,8 +266,8 @@ def status(
             f"{took(job.p50)} / {took(job.p95)} / {took(job.p99)}",
             "-" if job.result_token is None else str(job.result_token),
         )
-    # Piped (a file, less, a test): no terminal width to fit, so do not wrap cells.
-    Console(width=None if sys.stdout.isatty() else 200).print(table)
+    # Piped: no terminal width to fit, so do not wrap cells.
+    Console(width=None if terminal else 200).print(table)
 
 
 @cli.command(context_settings=CONTEXT)
