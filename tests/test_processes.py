@@ -22,9 +22,12 @@ from .conftest import tenure_env
 HOLDER = Path(__file__).with_name("proc_holder.py")
 
 
-def _start(role: str, dsn: str, schema: str, *args: str) -> subprocess.Popen[str]:
+def _start(
+    role: str, dsn: str, schema: str, *args: str, prefix: tuple[str, ...] = ()
+) -> subprocess.Popen[str]:
+    """Start tests/proc_holder.py in ROLE; ``prefix`` wraps it (e.g. faketime)."""
     return subprocess.Popen(
-        [sys.executable, str(HOLDER), role, *args],
+        [*prefix, sys.executable, str(HOLDER), role, *args],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,

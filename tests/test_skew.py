@@ -18,7 +18,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,10 +25,10 @@ import pytest
 import tenure
 
 from .conftest import tenure_env
-from .test_processes import _check_history
+from .test_processes import _check_history, _line
+from .test_processes import _start as start_holder
 
 FAKETIME = shutil.which("faketime")
-HOLDER = Path(__file__).with_name("proc_holder.py")
 SKEWS = {"-7m": -420.0, "+10m": 600.0}
 
 pytestmark = pytest.mark.skipif(
@@ -44,22 +43,10 @@ def _prefix(offset: str | None) -> list[str]:
     return [FAKETIME, "-f", offset] if offset else []
 
 
-def _start(offset: str | None, dsn: str, schema: str, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [*_prefix(offset), sys.executable, str(HOLDER), *args],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=tenure_env(dsn, schema),
-    )
-
-
-def _line(proc: subprocess.Popen[str]) -> dict[str, Any]:
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert line, f"process {proc.pid} exited early with {proc.wait()}"
-    data: dict[str, Any] = json.loads(line)
-    return data
+def _start(
+    offset: str | None, dsn: str, schema: str, role: str, *args: str
+) -> subprocess.Popen[str]:
+    return start_holder(role, dsn, schema, *args, prefix=tuple(_prefix(offset)))
 
 
 @pytest.mark.parametrize("offset", list(SKEWS))
