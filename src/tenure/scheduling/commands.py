@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ..cli import db_options, handle_errors, json_option, json_option_with
+from ..cli import _connect, _setup_logs, db_options, handle_errors, json_option, json_option_with
 from ..observe import metrics_options, serve_from_cli
 
 # tenure.cli.CONTEXT, spelled out: mypy cannot infer a name imported back from the module
@@ -149,12 +149,8 @@ def jobs_group() -> None:
 
 
 def _client(dsn: str | None, schema: str, log_level: str, log_format: str) -> Any:
-    import tenure
-
-    from .. import logs
-
-    logs.setup(log_level, log_format)
-    return tenure.connect(dsn, schema=schema)
+    _setup_logs(log_level, log_format)
+    return _connect(dsn, schema)
 
 
 def _when(value: Any) -> str:
