@@ -5,7 +5,7 @@ For each operation (acquire, renew, results.put, fence, and acquire while anothe
 holds the lease) and for 1 and 4 connections, three sides run in the same process, in
 alternating rounds so that load from anything else on the machine hits them alike:
 
-* ``raw``: the exact SQL text tenure sends (``tenure.queries.queries(schema)[name]``) with
+* ``raw``: the exact SQL text tenure sends (``tenure.db.queries.queries(schema)[name]``) with
   the parameters it sends (recorded from one library call at setup), executed through a
   plain autocommit ``psycopg.Connection``, one per thread.
 * ``tenure``: the library call. One client whose pool has as many connections as there are
@@ -47,8 +47,8 @@ from psycopg.pq import Trace
 from psycopg.types.json import Jsonb
 
 import tenure
-from tenure.dsn import describe, resolve
-from tenure.queries import queries
+from tenure.db.dsn import describe, resolve
+from tenure.db.queries import queries
 
 DEFAULT_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 
@@ -422,7 +422,7 @@ def sent_with(env: Env, name: str, call: Callable[[], object]) -> Params:
     found = [params for query, params in seen if query == env.q[name]]
     if not found:
         raise BenchError(
-            f"the library no longer sends tenure.queries' {name!r} query for this call: "
+            f"the library no longer sends tenure.db.queries' {name!r} query for this call: "
             "update bench/bench_core.py"
         )
     return found[-1]

@@ -45,7 +45,7 @@ import psycopg
 from psycopg import sql
 
 import tenure
-from tenure.dsn import describe
+from tenure.db.dsn import describe
 
 DEFAULT_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 TARGET_MS = 150.0

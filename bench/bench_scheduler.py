@@ -90,7 +90,7 @@ def pick_dsn(explicit: str | None) -> str:
         with psycopg.connect(DEFAULT_DSN, connect_timeout=2):
             return DEFAULT_DSN
     except psycopg.OperationalError:
-        from tenure.dsn import resolve
+        from tenure.db.dsn import resolve
 
         return resolve(None)[0]
 
@@ -254,7 +254,7 @@ def measure_load(
 
 def expected_slots(jobs: int, start: dt.datetime, end: dt.datetime) -> int:
     """How many slots of the N every-minute jobs fall in [start, end)."""
-    from tenure.scheduling.schedules import Schedule
+    from tenure.scheduler.schedules import Schedule
 
     total = 0
     for i in range(jobs):

@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""Generate the sync twin of tenure (``src/tenure/_sync``) from the async code.
+"""Generate the sync twins of tenure (every ``_sync`` package) from the async code.
 
-The library is written once, as asyncio code, in ``src/tenure/_async/*.py``.
+The library is written once, as asyncio code, in the ``_async`` package of each capability
+(``src/tenure/leases/_async/*.py``, ``src/tenure/outbox/_async/*.py``).
 This script parses every module there with :mod:`ast`, rewrites it into
 blocking code, unparses it, applies ruff's safe lint fixes and formats it
 (``ruff check --fix-only`` then ``ruff format``, using the repo's
-configuration) and writes it to ``src/tenure/_sync/<same name>.py``::
+configuration) and writes it to the sibling ``_sync/<same name>.py``::
 
-    python tools/async_to_sync.py           # regenerate src/tenure/_sync/
+    python tools/async_to_sync.py           # regenerate every _sync/ package
     python tools/async_to_sync.py --check   # exit 1 if _sync/ is out of date
     python tools/async_to_sync.py --check --diff   # ... and show the diff
 
@@ -172,8 +173,8 @@ PRUNABLE_MODULES = frozenset({"typing", "typing_extensions", "collections.abc"})
 PRUNABLE_PLAIN_IMPORTS = frozenset({"asyncio"})
 
 HEADER = (
-    "# WARNING: this file is generated from src/tenure/_async/{name} by"
-    " tools/async_to_sync.py.\n"
+    "# WARNING: this file is generated from {name}\n"
+    "# by tools/async_to_sync.py.\n"
     "# Edit the async source and run `python tools/async_to_sync.py`;"
     " CI checks the two agree.\n"
 )
@@ -182,8 +183,7 @@ HEADER_MARK = "# WARNING: this file is generated from "
 FIX_COMMAND = "python tools/async_to_sync.py"
 
 ROOT = Path(__file__).resolve().parent.parent
-ASYNC_REL = Path("src/tenure/_async")
-SYNC_REL = Path("src/tenure/_sync")
+PACKAGE_REL = Path("src/tenure")
 
 _WORD_RE = re.compile(
     r"(?<!\w)("
@@ -674,8 +674,8 @@ def generate(src: Path, root: Path) -> str:
     """Return the complete, formatted sync twin of the async module ``src``."""
     name = src.relative_to(root).as_posix() if src.is_relative_to(root) else str(src)
     code = convert_source(src.read_text(encoding="utf-8"), name)
-    dst = root / SYNC_REL / src.name
-    text = HEADER.format(name=src.name) + code
+    dst = src.parent.parent / "_sync" / src.name
+    text = HEADER.format(name=name) + code
     return ruff_format(text, dst, root)
 
 
@@ -688,11 +688,21 @@ def _is_generated(path: Path) -> bool:
 
 
 def run(root: Path, *, check: bool, diff: bool) -> int:
-    async_dir = root / ASYNC_REL
-    sync_dir = root / SYNC_REL
-    if not async_dir.is_dir():
-        print(f"async_to_sync: no such directory: {async_dir}", file=sys.stderr)
+    package = root / PACKAGE_REL
+    async_dirs = sorted(p for p in package.rglob("_async") if p.is_dir())
+    if not async_dirs:
+        print(f"async_to_sync: no _async package under {package}", file=sys.stderr)
         return 2
+    status = 0
+    for async_dir in async_dirs:
+        status = max(status, run_one(root, async_dir, check=check, diff=diff))
+    if status and check:
+        print(f"async_to_sync: run `{FIX_COMMAND}` to fix.")
+    return status
+
+
+def run_one(root: Path, async_dir: Path, *, check: bool, diff: bool) -> int:
+    sync_dir = async_dir.parent / "_sync"
     sources = sorted(async_dir.glob("*.py"))
     expected = {src.name for src in sources}
     stale = (
@@ -724,7 +734,6 @@ def run(root: Path, *, check: bool, diff: bool) -> int:
             print(f"async_to_sync: out of date: {path.relative_to(root)}")
         for path in stale:
             print(f"async_to_sync: stale file without async source: {path.relative_to(root)}")
-        print(f"async_to_sync: run `{FIX_COMMAND}` to fix.")
         return 1
 
     for path in stale:
@@ -753,7 +762,7 @@ def _print_diff(old: str, new: str, path: Path) -> None:
 
 def main(argv: Iterable[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description="Generate src/tenure/_sync from src/tenure/_async."
+        description="Generate every src/tenure/**/_sync package from its _async twin."
     )
     parser.add_argument(
         "--check",

@@ -11,10 +11,6 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from . import metrics
-from ._sync.client import Client, connect
-from ._sync.fencing import fence
-from ._sync.lease import Lease, LeaseContext
-from ._sync.results import Results
 from .errors import (
     ConfigurationError,
     DatabaseError,
@@ -29,29 +25,34 @@ from .errors import (
     Timeout,
     TokenNotIssued,
 )
-from .models import LeaseInfo, Result
+from .leases._sync.client import Client, connect
+from .leases._sync.fencing import fence
+from .leases._sync.lease import Lease, LeaseContext
+from .leases._sync.results import Results
+from .leases.models import LeaseInfo, Result
 from .validation import parse_duration
 
 if TYPE_CHECKING:
-    from . import inbox, outbox
-    from ._async.client import AsyncClient, connect_async
-    from ._async.fencing import fence_async
-    from ._async.lease import AsyncLease, AsyncLeaseContext
-    from ._async.results import AsyncResults
+    from . import outbox
+    from .leases._async.client import AsyncClient, connect_async
+    from .leases._async.fencing import fence_async
+    from .leases._async.lease import AsyncLease, AsyncLeaseContext
+    from .leases._async.results import AsyncResults
+    from .outbox import inbox
     from .scheduler import JobContext, Scheduler
 
 # Imported on first use, so that `tenure exec` in a crontab does not pay for asyncio, the
 # scheduler and the outbox (PEP 562).
 _LAZY = {
-    "AsyncClient": "._async.client",
-    "connect_async": "._async.client",
-    "fence_async": "._async.fencing",
-    "AsyncLease": "._async.lease",
-    "AsyncLeaseContext": "._async.lease",
-    "AsyncResults": "._async.results",
+    "AsyncClient": ".leases._async.client",
+    "connect_async": ".leases._async.client",
+    "fence_async": ".leases._async.fencing",
+    "AsyncLease": ".leases._async.lease",
+    "AsyncLeaseContext": ".leases._async.lease",
+    "AsyncResults": ".leases._async.results",
     "JobContext": ".scheduler",
     "Scheduler": ".scheduler",
-    "inbox": ".inbox",
+    "inbox": ".outbox.inbox",
     "outbox": ".outbox",
 }
 

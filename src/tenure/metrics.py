@@ -9,9 +9,9 @@ present (``pip install tenure[prometheus]``). Labels are low-cardinality: job an
 Several processes (gunicorn, a pre-fork server): set ``PROMETHEUS_MULTIPROC_DIR`` to an
 empty directory before the processes start, as prometheus_client documents; each process
 calls :func:`install_prometheus` and one endpoint exposes them all
-(:func:`tenure.observe.exposition_registry`). ``tenure_leases_held`` is then summed over the
-live processes; call ``prometheus_client.multiprocess.mark_process_dead(pid)`` when a process
-exits (gunicorn's ``child_exit`` hook).
+(:func:`tenure.observability.exporter.exposition_registry`). ``tenure_leases_held`` is then
+summed over the live processes; call ``prometheus_client.multiprocess.mark_process_dead(pid)``
+when a process exits (gunicorn's ``child_exit`` hook).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from typing import IO, Any
 
 import psycopg
 
-from ..servers import PgServer
+from tests.support.servers import PgServer
 
 TERMINATE_SQL = (
     "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "

@@ -21,8 +21,8 @@ from typing import IO, Any
 import psycopg
 
 import tenure
+from tests.support.servers import PgServer
 
-from ..servers import PgServer
 from . import checker, tables
 from .nemesis import Nemesis
 

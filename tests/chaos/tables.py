@@ -25,7 +25,7 @@ from typing import Any
 
 import psycopg
 
-from tenure.queries import compose
+from tenure.db.queries import compose
 
 SETUP = """
 CREATE TABLE IF NOT EXISTS {schema}.chaos_ledger (

@@ -28,7 +28,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 import tenure
-from tenure.queries import compose
+from tenure.db.queries import compose
 
 from . import tables
 

@@ -1,0 +1,279 @@
+"""``tenure exec``: the command line (its options, ``--`` and usage errors); the run itself is
+:mod:`tenure.exec.runner`."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any, NoReturn
+
+import click
+
+from ..exec.output import PROG, one_line
+from ..exec.runner import EXIT_LEASE_LOST, EXIT_USAGE, ExecRequest, main, run_with_textfile
+from ..exec.slots import MAX_SLOT
+from .common import CONTEXT, db_options, setup_logs
+
+EPILOG = f"""\b
+Exit codes:
+  0    the command exited 0; or the lease is busy (see --busy-exit); or the slot
+       (--slot/--every) already completed on some host
+  N    the command's own exit code; 128+N if it died of signal N (like a shell)
+  1    tenure error: database unreachable, schema not migrated, ... (command not run)
+  2    bad usage: missing --, unknown option, bad duration
+  {EXIT_LEASE_LOST}   the lease was lost while the command ran (renewal refused, or the
+       database unreachable until the local deadline); the command was stopped
+  126  the command was found but is not executable
+  127  the command was not found
+
+\b
+The command's environment also has:
+  TENURE_JOB_KEY, TENURE_FENCING_TOKEN   what `tenure result put` reads by default
+  TENURE_LEASE_OWNER                     this execution's owner UUID
+  TENURE_DSN, TENURE_SCHEMA              where the lease lives (resolved DSN)
+  TENURE_SLOT                            the slot, with --slot/--every
+
+\b
+Examples:
+  tenure exec --key nightly-report -- ./report.sh
+  */5 * * * *  tenure exec -q --key sync --every 5m -- /opt/sync/run
+  echo '{{"rows": 42}}' | tenure result put      # inside the command: fenced write
+"""
+
+
+class UsageProblem(click.ClickException):
+    """Bad usage, printed as one line (click's default adds the usage block)."""
+
+    exit_code = EXIT_USAGE
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"{PROG}: error: {one_line(self.message)} (see `{PROG} --help`)", err=True)
+
+
+class ExecCommand(click.Command):
+    """A command whose own options end at ``--``; everything after it is the command to run.
+
+    Requiring ``--`` keeps the child's options (``ls -l``) from being read as ours.
+    """
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" not in args:
+            if not ctx.resilient_parsing and not any(a in ("-h", "--help") for a in args):
+                raise UsageProblem(
+                    "missing `--` before the command: "
+                    "tenure exec --key KEY [OPTIONS] -- COMMAND [ARGS...]"
+                )
+            own, command = args, []
+        else:
+            split = args.index("--")
+            own, command = args[:split], args[split + 1 :]
+        try:
+            rest = super().parse_args(ctx, own)
+        except click.UsageError as exc:
+            raise UsageProblem(exc.format_message()) from None
+        if not command and not ctx.resilient_parsing:
+            raise UsageProblem("no command after `--`")
+        ctx.params["command"] = tuple(command)
+        return rest
+
+    def collect_usage_pieces(self, ctx: click.Context) -> list[str]:
+        return ["[OPTIONS]", "--", "COMMAND", "[ARGS]..."]
+
+
+class DurationType(click.ParamType):  # type: ignore[type-arg]
+    """``30s``, ``250ms``, ``5m``, ``1h`` or plain seconds, in seconds (float)."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, float):
+            return value
+        from ..errors import InvalidArgument
+        from ..validation import parse_duration
+
+        try:
+            seconds = parse_duration(value)
+        except InvalidArgument:
+            self.fail(f"{value!r} is not a duration: use 250ms, 30s, 5m, 1h or seconds")
+        if seconds < 0:
+            self.fail(f"{value!r} is negative")
+        return seconds
+
+
+DURATION = DurationType()
+
+
+def _check_ttl(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    from ..errors import InvalidArgument
+    from ..validation import check_ttl
+
+    try:
+        return check_ttl(value)
+    except InvalidArgument as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _check_every(ctx: click.Context, param: click.Parameter, value: float | None) -> int | None:
+    if value is None:
+        return None
+    if value < 1 or value != int(value):
+        raise click.BadParameter(
+            f"{value:g}s: the period must be a whole number of seconds, at least 1s"
+        )
+    return int(value)
+
+
+def _check_slot(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is None:
+        return None
+    if not value.strip() or len(value) > MAX_SLOT or "\x00" in value:
+        raise click.BadParameter(
+            f"a slot is 1 to {MAX_SLOT} characters without NUL, got {value[:40]!r}"
+        )
+    return value
+
+
+def _check_key(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    from ..errors import InvalidArgument
+    from ..validation import check_job_key
+
+    try:
+        return check_job_key(value)
+    except InvalidArgument as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+@click.command("exec", cls=ExecCommand, context_settings=CONTEXT, epilog=EPILOG)
+@db_options
+@click.option(
+    "--key",
+    required=True,
+    envvar="TENURE_JOB_KEY",
+    show_envvar=True,
+    callback=_check_key,
+    help="Job key: one lease (and token sequence) per key.",
+)
+@click.option(
+    "--ttl",
+    type=DURATION,
+    default="30s",
+    envvar="TENURE_EXEC_TTL",
+    show_envvar=True,
+    callback=_check_ttl,
+    help="Lease TTL: how long this host may go silent before another may take over. "
+    "Renewed every ttl/3 while the command runs.",
+)
+@click.option(
+    "--wait",
+    type=DURATION,
+    default=None,
+    envvar="TENURE_EXEC_WAIT",
+    show_envvar=True,
+    help="When busy, keep trying to take the lease for this long (unset: try once).",
+)
+@click.option(
+    "--grace",
+    type=DURATION,
+    default="10s",
+    envvar="TENURE_EXEC_GRACE",
+    show_envvar=True,
+    help="After the lease is lost: time between SIGTERM and SIGKILL to the command's group.",
+)
+@click.option(
+    "--busy-exit",
+    type=click.IntRange(0, 255),
+    default=0,
+    envvar="TENURE_EXEC_BUSY_EXIT",
+    show_envvar=True,
+    help="Exit code when another execution holds the lease.",
+)
+@click.option(
+    "--slot",
+    default=None,
+    envvar="TENURE_EXEC_SLOT",
+    show_envvar=True,
+    callback=_check_slot,
+    help="Run once per slot (e.g. the CronJob's scheduled time): a slot that completed "
+    "with exit 0 on any host exits 0 as 'already done'; a failed or lost one runs again.",
+)
+@click.option(
+    "--every",
+    type=DURATION,
+    default=None,
+    envvar="TENURE_EXEC_EVERY",
+    show_envvar=True,
+    callback=_check_every,
+    help="Slot = the database clock rounded to the nearest multiple of this period (UTC, "
+    "from the epoch): hosts whose cron fires seconds apart share a slot. Fire near the "
+    "period's boundaries (e.g. */5 with 5m).",
+)
+@click.option(
+    "--metrics-textfile",
+    type=click.Path(dir_okay=False, writable=True),
+    default=None,
+    envvar="TENURE_EXEC_METRICS_TEXTFILE",
+    show_envvar=True,
+    help="After the run, write gauges about it (end time, duration, exit code, outcome, last "
+    "success) to this file for node_exporter's textfile collector, e.g. "
+    "/var/lib/node_exporter/textfile/KEY.prom.",
+)
+@click.option(
+    "--quiet",
+    "-q",
+    is_flag=True,
+    envvar="TENURE_EXEC_QUIET",
+    show_envvar=True,
+    help="Say nothing when busy or already done (errors are still printed).",
+)
+def exec_command(
+    dsn: str | None,
+    schema: str,
+    log_level: str,
+    log_format: str,
+    key: str,
+    ttl: float,
+    wait: float | None,
+    grace: float,
+    busy_exit: int,
+    slot: str | None,
+    every: int | None,
+    quiet: bool,
+    metrics_textfile: str | None,
+    command: tuple[str, ...],
+) -> NoReturn:
+    """Run COMMAND under the lease KEY, once at a time across hosts.
+
+    Takes the lease (or exits as busy), starts COMMAND in its own process group with the
+    fencing token in $TENURE_FENCING_TOKEN, renews the lease while it runs, and releases it
+    when COMMAND ends, so a successor can start at once. If the lease is lost meanwhile,
+    COMMAND's group gets SIGTERM, then SIGKILL after --grace, and tenure exits with 75.
+    SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are passed on to the group.
+    Processes COMMAND leaves behind in its group are killed when it exits.
+
+    Put `--` before COMMAND. Durations: 250ms, 30s, 5m, 1h.
+    """
+    setup_logs(log_level, log_format)
+    # psycopg_pool reports each failed reconnection at WARNING, through Python's last-resort
+    # handler (multi-line, unformatted) since nothing configures it. tenure's own renewal
+    # warnings already say the database is unreachable; keep psycopg's for --log-level debug.
+    tenure_logger = logging.getLogger("tenure")
+    pg_logger = logging.getLogger("psycopg")
+    pg_logger.handlers[:] = tenure_logger.handlers
+    pg_logger.setLevel(logging.DEBUG if log_level == "debug" else logging.ERROR)
+    pg_logger.propagate = False
+    request = ExecRequest(
+        key=key,
+        command=command,
+        ttl=ttl,
+        wait=wait,
+        grace=grace,
+        busy_exit=busy_exit,
+        slot=slot,
+        every=every,
+        quiet=quiet,
+        dsn=dsn,
+        schema=schema,
+    )
+    if metrics_textfile is None:
+        sys.exit(main(request))
+    sys.exit(run_with_textfile(request, metrics_textfile))

@@ -1,0 +1,59 @@
+"""The ``tenure`` command group. Every option has a ``TENURE_*`` environment twin, shown in --help.
+
+Each command lives in the module of its capability (core, exec, scheduler, outbox,
+observability) and is registered here; those modules import :mod:`.common`, never this one.
+Heavy imports (psycopg, rich) happen inside the commands that need them, so that
+``tenure exec`` in a crontab starts fast.
+"""
+
+from __future__ import annotations
+
+import click
+
+from . import core, observability
+from .common import CONTEXT
+from .exec import exec_command
+from .outbox import outbox, relay
+from .scheduler import jobs, worker
+
+
+@click.group(context_settings=CONTEXT)
+@click.version_option(package_name="tenure")
+def cli() -> None:
+    """tenure: scheduled jobs that stay correct when several instances run them.
+
+    PostgreSQL leases with fencing tokens: every takeover of a job increments its token, and
+    every fenced write refuses tokens older than the last one accepted, so an executor that
+    was paused past its lease can never commit a result older than its successor's.
+
+    \b
+    Start here:
+      tenure demo                      the seed scenario, live (embedded PostgreSQL if no DSN)
+      tenure migrate                   create or upgrade tenure's tables
+      tenure exec --key K -- CMD       run a command under a fenced lease (cron, k8s, systemd)
+      tenure worker myapp:app          run a tenure.Scheduler's cron jobs, once per slot
+      tenure relay --webhook T=URL     deliver outbox messages, at least once
+      tenure status                    every job: holder token, expiry, runs, failures, p95
+      tenure doctor                    check DSN, connectivity, schema, clocks, PgBouncer
+    """
+
+
+for command in (
+    core.demo,
+    core.migrate,
+    observability.status,
+    core.release,
+    core.result,
+    core.embedded,
+    exec_command,
+    relay,
+    outbox,
+    worker,
+    jobs,
+    observability.doctor,
+):
+    cli.add_command(command)
+
+
+def main() -> None:
+    cli()

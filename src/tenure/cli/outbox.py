@@ -1,0 +1,374 @@
+"""``tenure relay`` and ``tenure outbox list|retry|purge``: deliver and operate the outbox."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from .common import (
+    CONTEXT,
+    connect,
+    db_options,
+    handle_errors,
+    json_option,
+    metrics_options,
+    serve_from_cli,
+    setup_logs,
+)
+
+
+@click.command(context_settings=CONTEXT)
+@db_options
+@click.option(
+    "--webhook",
+    "webhooks",
+    multiple=True,
+    metavar="TOPIC=URL",
+    envvar="TENURE_RELAY_WEBHOOK",
+    show_envvar=True,
+    help="POST messages of TOPIC as JSON to URL, with an Idempotency-Key header. Repeatable.",
+)
+@click.option(
+    "--handlers",
+    "handler_specs",
+    multiple=True,
+    metavar="MODULE:ATTR",
+    envvar="TENURE_RELAY_HANDLERS",
+    show_envvar=True,
+    help="Python handlers: a mapping of topic to callable (or a function returning one), "
+    "imported from MODULE (the current directory is importable). Repeatable.",
+)
+@click.option(
+    "--topic",
+    "topics",
+    multiple=True,
+    envvar="TENURE_RELAY_TOPICS",
+    show_envvar=True,
+    help="Claim only these topics. Default: every topic; one without a handler here is "
+    "parked as dead with an error naming it.",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(1, 256),
+    default=4,
+    envvar="TENURE_RELAY_CONCURRENCY",
+    show_envvar=True,
+    help="Handler calls in flight at once.",
+)
+@click.option(
+    "--timeout",
+    default="10s",
+    envvar="TENURE_RELAY_TIMEOUT",
+    show_envvar=True,
+    help="Per handler call (webhook request); slower is a failed attempt.",
+)
+@click.option(
+    "--visibility",
+    default=None,
+    envvar="TENURE_RELAY_VISIBILITY",
+    show_envvar=True,
+    help="How long a claim lasts: a dead relay's messages are retried after it. "
+    "Default: 1.5 x timeout + 5s.",
+)
+@click.option(
+    "--max-attempts",
+    type=click.IntRange(1, 10_000),
+    default=10,
+    envvar="TENURE_RELAY_MAX_ATTEMPTS",
+    show_envvar=True,
+    help="Attempts before a message is parked as dead.",
+)
+@click.option(
+    "--backoff",
+    default="1s",
+    envvar="TENURE_RELAY_BACKOFF",
+    show_envvar=True,
+    help="First retry delay; doubles per attempt, with jitter.",
+)
+@click.option(
+    "--backoff-max",
+    default="5m",
+    envvar="TENURE_RELAY_BACKOFF_MAX",
+    show_envvar=True,
+    help="Longest retry delay.",
+)
+@click.option(
+    "--poll",
+    default="5s",
+    envvar="TENURE_RELAY_POLL",
+    show_envvar=True,
+    help="Longest sleep without a notification (LISTEN/NOTIFY wakes the relay sooner).",
+)
+@metrics_options
+@handle_errors
+def relay(
+    dsn: str | None,
+    schema: str,
+    log_level: str,
+    log_format: str,
+    webhooks: tuple[str, ...],
+    handler_specs: tuple[str, ...],
+    topics: tuple[str, ...],
+    concurrency: int,
+    timeout: str,
+    visibility: str | None,
+    max_attempts: int,
+    backoff: str,
+    backoff_max: str,
+    poll: str,
+    metrics_port: int | None,
+    metrics_host: str,
+) -> None:
+    """Deliver committed outbox messages, at least once, until SIGTERM or Ctrl-C.
+
+    Run as many relays as you like: they share the work (FOR UPDATE SKIP LOCKED), never
+    deliver one message at the same time, and keep per-key order. Consumers apply each
+    message once with the inbox (the Idempotency-Key header is `topic:key`).
+    """
+    setup_logs(log_level, log_format)
+    from ..errors import InvalidArgument
+    from ..outbox import relay as relay_mod
+    from ..outbox.webhook import webhook
+
+    handlers: dict[str, Any] = {}
+
+    def add(topic: str, handler: Any, origin: str) -> None:
+        if topic in handlers:
+            raise InvalidArgument(f"topic {topic!r} has two handlers (the second from {origin})")
+        handlers[topic] = handler
+
+    for spec in webhooks:
+        topic, sep, url = spec.partition("=")
+        if not sep or not topic or not url:
+            raise InvalidArgument(f"--webhook takes TOPIC=URL, got {spec!r}")
+        add(topic, webhook(url), f"--webhook {spec}")
+    for spec in handler_specs:
+        for topic, handler in relay_mod.load_handlers(spec).items():
+            add(topic, handler, f"--handlers {spec}")
+    if not handlers:
+        raise InvalidArgument("no handlers: pass --webhook TOPIC=URL and/or --handlers MODULE:ATTR")
+
+    def ready(r: Any) -> None:
+        # One line on stdout, so scripts and tests know the relay is listening.
+        click.echo(
+            f"tenure relay {r.id}: delivering {', '.join(sorted(r.handlers))} "
+            f"from schema {schema!r} (concurrency {r.concurrency})"
+        )
+        sys.stdout.flush()
+
+    serve_from_cli(metrics_port, metrics_host, dsn=dsn, schema=schema)
+    done = relay_mod.serve(
+        handlers,
+        dsn=dsn,
+        schema=schema,
+        ready=ready,
+        concurrency=concurrency,
+        timeout=timeout,
+        visibility=visibility,
+        max_attempts=max_attempts,
+        backoff=backoff,
+        backoff_max=backoff_max,
+        poll=poll,
+        topics=topics or None,
+    )
+    click.echo(f"tenure relay {done.id}: stopped ({done.delivered} delivered)")
+
+
+@click.group(context_settings=CONTEXT)
+def outbox() -> None:
+    """Inspect and operate the transactional outbox (messages waiting, dead or delivered)."""
+
+
+@outbox.command("list", context_settings=CONTEXT)
+@db_options
+@click.option(
+    "--state",
+    type=click.Choice(["undelivered", "pending", "dead", "delivered", "all"]),
+    default="undelivered",
+    envvar="TENURE_OUTBOX_STATE",
+    show_envvar=True,
+    help="Which messages: undelivered = pending and dead.",
+)
+@click.option(
+    "--topic", default=None, envvar="TENURE_OUTBOX_TOPIC", show_envvar=True, help="Only this topic."
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(1, 100_000),
+    default=100,
+    envvar="TENURE_OUTBOX_LIMIT",
+    show_envvar=True,
+    help="At most this many messages (oldest first).",
+)
+@json_option
+@handle_errors
+def outbox_list(
+    dsn: str | None,
+    schema: str,
+    log_level: str,
+    log_format: str,
+    state: str,
+    topic: str | None,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """Outbox messages, oldest first, with attempts, next attempt and last error."""
+    setup_logs(log_level, log_format)
+    from .. import outbox as ob
+
+    states = None if state == "undelivered" else state
+    with connect(dsn, schema) as client:
+        found = ob.messages(client, state=states, topic=topic, limit=limit)
+        totals = ob.counts(client)
+        now = client.now()
+    rows = [
+        {
+            "id": m.id,
+            "topic": m.topic,
+            "key": m.key,
+            "state": m.state,
+            "attempts": m.attempts,
+            "order_key": m.order_key,
+            "job": m.job_key,
+            "token": m.token,
+            "created_at": m.created_at.isoformat(),
+            "next_attempt_in": (
+                round(max(0.0, (m.available_at - now).total_seconds()), 3)
+                if m.state == "pending"
+                else None
+            ),
+            "claimed": m.claimed_until is not None and m.claimed_until >= now,
+            "delivered_at": m.delivered_at.isoformat() if m.delivered_at else None,
+            "last_error": m.last_error,
+        }
+        for m in found
+    ]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    summary = ", ".join(f"{n} {s}" for s, n in totals.items())
+    if not rows:
+        click.echo(f"no {state} messages ({summary})")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("id", "topic", "key", "state", "attempts", "next in", "last error")
+    for row in rows:
+        shown_state = "in flight" if row["claimed"] else row["state"]
+        table.add_row(
+            str(row["id"]),
+            str(row["topic"]),
+            str(row["key"]),
+            str(shown_state),
+            str(row["attempts"]),
+            "-" if row["next_attempt_in"] is None else f"{row['next_attempt_in']:.1f}s",
+            str(row["last_error"] or ""),
+        )
+    console = Console()
+    console.print(table)
+    console.print(summary, highlight=False)
+
+
+@outbox.command("retry", context_settings=CONTEXT)
+@db_options
+@click.option(
+    "--id",
+    "ids",
+    type=int,
+    multiple=True,
+    envvar="TENURE_OUTBOX_IDS",
+    show_envvar=True,
+    help="A dead message to re-drive. Repeatable.",
+)
+@click.option(
+    "--topic",
+    default=None,
+    envvar="TENURE_OUTBOX_TOPIC",
+    show_envvar=True,
+    help="Every dead message of this topic.",
+)
+@click.option(
+    "--all",
+    "every",
+    is_flag=True,
+    envvar="TENURE_OUTBOX_RETRY_ALL",
+    show_envvar=True,
+    help="Every dead message.",
+)
+@handle_errors
+def outbox_retry(
+    dsn: str | None,
+    schema: str,
+    log_level: str,
+    log_format: str,
+    ids: tuple[int, ...],
+    topic: str | None,
+    every: bool,
+) -> None:
+    """Re-drive dead messages: pending again now, with a fresh attempt budget."""
+    setup_logs(log_level, log_format)
+    from .. import outbox as ob
+    from ..errors import InvalidArgument
+
+    if not (ids or topic or every):
+        raise InvalidArgument("say which dead messages to re-drive: --id N, --topic T or --all")
+    with connect(dsn, schema) as client:
+        redriven = ob.retry(client, ids=ids or None, topic=topic)
+    if redriven:
+        click.echo(f"re-drove {len(redriven)} message(s): {', '.join(map(str, redriven))}")
+    else:
+        click.echo("no dead message matched")
+
+
+@outbox.command("purge", context_settings=CONTEXT)
+@db_options
+@click.option(
+    "--state",
+    type=click.Choice(["delivered", "dead"]),
+    default="delivered",
+    envvar="TENURE_OUTBOX_PURGE_STATE",
+    show_envvar=True,
+    help="Delete delivered messages (default) or dead ones. Pending messages are never deleted.",
+)
+@click.option(
+    "--older-than",
+    default="7d",
+    envvar="TENURE_OUTBOX_PURGE_AGE",
+    show_envvar=True,
+    help="Only messages whose last event is older than this. A purged (topic, key) no longer "
+    "deduplicates a new enqueue.",
+)
+@click.option(
+    "--id",
+    "ids",
+    type=int,
+    multiple=True,
+    envvar="TENURE_OUTBOX_IDS",
+    show_envvar=True,
+    help="Only these messages. Repeatable.",
+)
+@click.option(
+    "--topic", default=None, envvar="TENURE_OUTBOX_TOPIC", show_envvar=True, help="Only this topic."
+)
+@handle_errors
+def outbox_purge(
+    dsn: str | None,
+    schema: str,
+    log_level: str,
+    log_format: str,
+    state: str,
+    older_than: str,
+    ids: tuple[int, ...],
+    topic: str | None,
+) -> None:
+    """Delete old delivered (or dead) messages."""
+    setup_logs(log_level, log_format)
+    from .. import outbox as ob
+
+    with connect(dsn, schema) as client:
+        purged = ob.purge(client, older_than=older_than, state=state, ids=ids or None, topic=topic)
+    click.echo(f"purged {purged} {state} message(s)")

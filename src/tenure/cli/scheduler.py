@@ -1,0 +1,296 @@
+"""``tenure worker MODULE:ATTR`` and ``tenure jobs list|pause|resume|trigger|history``.
+
+Registered by ``tenure.cli`` (import this module through it). Heavy imports stay inside the
+command bodies.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from .common import (
+    CONTEXT,
+    connect,
+    db_options,
+    handle_errors,
+    json_option,
+    json_option_with,
+    metrics_options,
+    serve_from_cli,
+    setup_logs,
+)
+
+if TYPE_CHECKING:
+    from ..scheduler.app import Scheduler
+
+
+def load_app(path: str) -> Scheduler:
+    """Import ``MODULE:ATTR`` (from the current directory too) and return the Scheduler."""
+    from ..errors import InvalidArgument
+    from ..scheduler.app import Scheduler
+
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise InvalidArgument(
+            f"app {path!r} must look like MODULE:ATTRIBUTE, e.g. myapp.jobs:app (the module "
+            "that creates the tenure.Scheduler and the name it is bound to)"
+        )
+    # Like `python -m`, find the app's module in the current directory.
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise InvalidArgument(
+                f"app {path!r}: no module named {exc.name!r} (searched the current directory "
+                f"{cwd} and sys.path); check the spelling and where you run the worker from"
+            ) from None
+        raise InvalidArgument(f"app {path!r}: importing {module_name!r} failed: {exc}") from exc
+    except Exception as exc:
+        if isinstance(exc, InvalidArgument):
+            # A bad job definition (invalid cron, unknown time zone, duplicate key, ...).
+            raise InvalidArgument(f"app {path!r}: {exc}") from exc
+        raise InvalidArgument(
+            f"app {path!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}"
+        ) from exc
+    try:
+        app = getattr(module, attr)
+    except AttributeError:
+        raise InvalidArgument(
+            f"app {path!r}: module {module_name!r} has no attribute {attr!r}"
+        ) from None
+    if not isinstance(app, Scheduler):
+        raise InvalidArgument(
+            f"app {path!r} is a {type(app).__name__}, not a tenure.Scheduler; point at the "
+            "object created with `app = tenure.Scheduler()`"
+        )
+    return app
+
+
+@click.command("worker", context_settings={**CONTEXT, "default_map": {"log_level": "info"}})
+@db_options
+@click.argument("app", envvar="TENURE_APP")
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=None,
+    envvar="TENURE_CONCURRENCY",
+    show_envvar=True,
+    help="Most runs in flight on this worker (sync jobs each take a thread). "
+    "[default: the app's, 8]",
+)
+@click.option(
+    "--shutdown-grace",
+    default=None,
+    envvar="TENURE_SHUTDOWN_GRACE",
+    show_envvar=True,
+    help="On SIGTERM, how long running jobs may finish before they are cancelled and "
+    "handed over. [default: the app's, 30s]",
+)
+@click.option(
+    "--migrate",
+    is_flag=True,
+    envvar="TENURE_MIGRATE",
+    show_envvar=True,
+    help="Apply pending migrations before starting.",
+)
+@metrics_options
+@click.pass_context
+@handle_errors
+def worker_command(
+    ctx: click.Context,
+    dsn: str | None,
+    schema: str,
+    log_level: str,
+    log_format: str,
+    app: str,
+    concurrency: int | None,
+    shutdown_grace: str | None,
+    migrate: bool,
+    metrics_port: int | None,
+    metrics_host: str,
+) -> None:
+    """Run the scheduled jobs of APP (MODULE:ATTRIBUTE, a tenure.Scheduler; or $TENURE_APP)
+    until SIGTERM.
+
+    Start it on as many hosts as you like: each slot of each job runs once, under a lease
+    with a fencing token; a dead worker's slots are retried by the others. SIGTERM: stop
+    claiming, let running jobs finish within --shutdown-grace, hand the rest over; a second
+    SIGTERM cancels at once.
+    """
+    from . import logs
+
+    logs.setup(log_level, log_format)
+    scheduler = load_app(app)
+    # Operator settings win over the app's, but only when actually given.
+    if ctx.get_parameter_source("dsn") is not click.core.ParameterSource.DEFAULT:
+        scheduler.dsn = dsn
+    if ctx.get_parameter_source("schema") is not click.core.ParameterSource.DEFAULT:
+        scheduler.schema = schema
+    if migrate:
+        scheduler.migrate = True
+    serve_from_cli(metrics_port, metrics_host, dsn=scheduler.dsn, schema=scheduler.schema)
+    scheduler.run(concurrency=concurrency, shutdown_grace=shutdown_grace)
+
+
+@click.group("jobs", context_settings=CONTEXT)
+def jobs_group() -> None:
+    """Scheduled jobs: list them, pause, resume, trigger, read their run history.
+
+    Works from any host; every worker sees the change at once (LISTEN/NOTIFY).
+    """
+
+
+def _client(dsn: str | None, schema: str, log_level: str, log_format: str) -> Any:
+    setup_logs(log_level, log_format)
+    return connect(dsn, schema)
+
+
+def _when(value: Any) -> str:
+    return "-" if value is None else value.isoformat(timespec="seconds")
+
+
+@jobs_group.command("list", context_settings=CONTEXT)
+@db_options
+@json_option
+@handle_errors
+def jobs_list(dsn: str | None, schema: str, log_level: str, log_format: str, as_json: bool) -> None:
+    """Every scheduled job: schedule, state, next slot, last outcome (database clock)."""
+    from ..scheduler.jobs import list_jobs
+
+    with _client(dsn, schema, log_level, log_format) as client:
+        found = list_jobs(client)
+    if as_json:
+        click.echo(json.dumps([job.as_json() for job in found], indent=2))
+        return
+    if not found:
+        click.echo("no scheduled jobs yet (a worker registers its app's jobs when it starts)")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("job", "schedule", "state", "next slot (db)", "token", "last outcome")
+    for job in found:
+        state = "paused" if job.paused else "running" if job.running_slot else "scheduled"
+        if job.trigger_pending:
+            state += " +trigger"
+        table.add_row(
+            job.job_key,
+            job.schedule,
+            state,
+            _when(job.next_slot),
+            str(job.token or "-"),
+            f"{job.last_outcome} ({_when(job.last_slot)})" if job.last_outcome else "-",
+        )
+    Console().print(table)
+
+
+@jobs_group.command("pause", context_settings=CONTEXT)
+@db_options
+@click.argument("key", envvar="TENURE_JOB_KEY")
+@handle_errors
+def jobs_pause(dsn: str | None, schema: str, log_level: str, log_format: str, key: str) -> None:
+    """Pause KEY on every worker: no new runs (a running one finishes)."""
+    from ..scheduler.jobs import channel_name, pause
+
+    with _client(dsn, schema, log_level, log_format) as client:
+        changed = pause(client, key, channel=channel_name(schema))
+    click.echo(f"{key}: paused" if changed else f"{key}: was already paused")
+
+
+@jobs_group.command("resume", context_settings=CONTEXT)
+@db_options
+@click.argument("key", envvar="TENURE_JOB_KEY")
+@handle_errors
+def jobs_resume(dsn: str | None, schema: str, log_level: str, log_format: str, key: str) -> None:
+    """Resume KEY from now on (slots that passed while it was paused are not run)."""
+    from ..scheduler.jobs import channel_name, resume
+
+    with _client(dsn, schema, log_level, log_format) as client:
+        next_slot = resume(client, key, channel=channel_name(schema))
+    if next_slot is None:
+        click.echo(f"{key}: was not paused")
+    else:
+        click.echo(f"{key}: resumed, next slot {next_slot.isoformat()}")
+
+
+@jobs_group.command("trigger", context_settings=CONTEXT)
+@db_options
+@click.argument("key", envvar="TENURE_JOB_KEY")
+@handle_errors
+def jobs_trigger(dsn: str | None, schema: str, log_level: str, log_format: str, key: str) -> None:
+    """Run KEY once now, on whichever worker claims it first."""
+    from ..scheduler.jobs import channel_name, trigger
+
+    with _client(dsn, schema, log_level, log_format) as client:
+        done = trigger(client, key, channel=channel_name(schema))
+    note = " (a trigger was already pending: one run)" if done.already_pending else ""
+    if done.paused:
+        note += "; the job is paused: it runs when resumed"
+    click.echo(f"{key}: triggered at {done.at.isoformat()}{note}")
+
+
+@jobs_group.command("history", context_settings=CONTEXT)
+@db_options
+@click.argument("key", envvar="TENURE_JOB_KEY")
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=20,
+    envvar="TENURE_LIMIT",
+    show_envvar=True,
+    help="How many rows, newest first.",
+)
+@json_option_with("Print JSON lines instead of a table.")
+@handle_errors
+def jobs_history(
+    dsn: str | None,
+    schema: str,
+    log_level: str,
+    log_format: str,
+    key: str,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """KEY's run history, newest first: slot, token, outcome, worker host and pid."""
+    from ..scheduler.jobs import history
+
+    with _client(dsn, schema, log_level, log_format) as client:
+        rows = history(client, key, limit=limit)
+    if as_json:
+        for row in rows:
+            click.echo(json.dumps(row.as_json()))
+        return
+    if not rows:
+        click.echo(f"{key}: no runs recorded")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("slot (db)", "kind", "token", "outcome", "started", "finished", "worker", "error")
+    for row in rows:
+        table.add_row(
+            _when(row.slot),
+            row.kind if row.attempt == 1 else f"{row.kind} #{row.attempt}",
+            str(row.token),
+            row.outcome,
+            _when(row.started_at),
+            _when(row.finished_at),
+            f"{row.host}:{row.pid}",
+            row.error or "",
+        )
+    Console().print(table)
+
+
+# Declared types for tenure.cli, which imports these back (mypy cannot infer decorated names
+# across the import cycle).
+worker: click.Command = worker_command
+jobs: click.Group = jobs_group

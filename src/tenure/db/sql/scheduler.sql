@@ -1,0 +1,363 @@
+-- Named queries of the scheduler (src/tenure/scheduler/). Each runs as ONE statement in
+-- autocommit on tenure's pool. Due-ness and every recorded time come from clock_timestamp();
+-- slot times are computed in Python (cronsim) from database times only, and passed in.
+
+-- name: sched_register
+-- Upsert this worker's job definitions (sorted by key, so concurrent registrations lock rows
+-- in the same order). An identical definition writes nothing; a changed one wins (the newest
+-- registration), bumps the revision and, if the schedule itself changed, restarts it at the
+-- first slot after now. Returns one row per inserted or changed job, with the old definition
+-- (NULLs for a new job) so the worker can log what changed. The job_state row (token 0 until
+-- the first claim) lets the claim lock it with SKIP LOCKED.
+WITH incoming AS (
+    SELECT *
+    FROM unnest(%(keys)s::text[], %(crons)s::text[], %(everys)s::interval[],
+                %(timezones)s::text[], %(ttls)s::interval[], %(misfires)s::text[],
+                %(graces)s::interval[], %(on_crashes)s::text[], %(next_slots)s::timestamptz[])
+        AS i(job_key, cron, every, timezone, ttl, misfire, misfire_grace, on_crash, next_slot)
+), old AS MATERIALIZED (
+    SELECT j.job_key, j.cron, j.every, j.timezone, j.ttl, j.misfire, j.misfire_grace,
+           j.on_crash, j.defined_by, j.defined_at
+    FROM {schema}.scheduled_jobs AS j
+    WHERE j.job_key IN (SELECT job_key FROM incoming)
+), upserted AS (
+    INSERT INTO {schema}.scheduled_jobs AS j
+        (job_key, cron, every, timezone, ttl, misfire, misfire_grace, on_crash, defined_at,
+         defined_by, next_slot)
+    SELECT i.job_key, i.cron, i.every, i.timezone, i.ttl, i.misfire, i.misfire_grace,
+           i.on_crash, clock_timestamp(), %(defined_by)s, i.next_slot
+    FROM incoming AS i
+    ORDER BY i.job_key
+    ON CONFLICT (job_key) DO UPDATE
+    SET cron = excluded.cron,
+        every = excluded.every,
+        timezone = excluded.timezone,
+        ttl = excluded.ttl,
+        misfire = excluded.misfire,
+        misfire_grace = excluded.misfire_grace,
+        on_crash = excluded.on_crash,
+        revision = j.revision + 1,
+        defined_at = excluded.defined_at,
+        defined_by = excluded.defined_by,
+        next_slot = CASE
+            WHEN (j.cron, j.every, j.timezone)
+                 IS DISTINCT FROM (excluded.cron, excluded.every, excluded.timezone)
+            THEN excluded.next_slot ELSE j.next_slot END
+    WHERE (j.cron, j.every, j.timezone, j.ttl, j.misfire, j.misfire_grace, j.on_crash)
+          IS DISTINCT FROM (excluded.cron, excluded.every, excluded.timezone, excluded.ttl,
+                            excluded.misfire, excluded.misfire_grace, excluded.on_crash)
+    RETURNING j.job_key, j.revision, j.next_slot
+), state AS (
+    INSERT INTO {schema}.job_state (job_key, token)
+    SELECT job_key, 0 FROM incoming
+    ORDER BY job_key
+    ON CONFLICT (job_key) DO NOTHING
+)
+SELECT u.job_key, u.revision, u.next_slot, o.cron, o.every, o.timezone, o.ttl, o.misfire,
+       o.misfire_grace, o.on_crash, o.defined_by, o.defined_at,
+       pg_notify(%(channel)s, 'defined')::text AS notified
+FROM upserted AS u
+LEFT JOIN old AS o ON o.job_key = u.job_key;
+
+-- name: sched_claim
+-- Claim up to %(limit)s due jobs in ONE statement, for a worker that runs every job key except
+-- %(exclude)s. A job is due when its due_at (next slot, or -infinity for a pending retry or
+-- trigger) has passed by the database clock, it is not paused, its lease is not live, and no
+-- other worker is claiming it (SKIP LOCKED on the job row and on its fence row: a job whose
+-- previous holder still has a fenced transaction open is left for a later claim instead of
+-- blocking the batch). Each claimed job's lease is taken over with the core acquire's
+-- semantics: fresh owner, token + 1 (and the timeline floor, see queries.sql acquire), the
+-- ON CONFLICT WHERE re-checked on the locked row,
+-- job_state.token moved in the same statement (strict fencing). claim_token records the
+-- newest claim: the start and finish statements are fenced on it.
+-- A last row (job_key NULL) says when the worker should look again: the next due_at, the
+-- earliest expiry of a live lease on a due job, or now if due jobs were left unclaimed.
+WITH clock AS MATERIALIZED (
+    SELECT clock_timestamp() AS now
+), due AS MATERIALIZED (
+    SELECT j.job_key, j.cron, j.every, j.timezone, j.ttl, j.misfire, j.misfire_grace,
+           j.on_crash, j.revision, j.next_slot, j.done_slot, j.running_slot, j.running_kind,
+           j.running_token, j.running_attempt, j.trigger_at
+    FROM {schema}.scheduled_jobs AS j
+    JOIN {schema}.job_state AS s ON s.job_key = j.job_key
+    WHERE NOT j.paused
+      AND j.due_at <= (SELECT now FROM clock)
+      AND j.job_key <> ALL (%(exclude)s::text[])
+      AND NOT EXISTS (
+          SELECT 1 FROM {schema}.job_leases AS l
+          WHERE l.job_key = j.job_key AND l.lease_until >= clock_timestamp())
+    ORDER BY j.due_at
+    LIMIT %(limit)s
+    FOR UPDATE OF j, s SKIP LOCKED
+), taken AS (
+    INSERT INTO {schema}.job_leases AS l
+        (job_key, lease_owner, lease_until, fencing_token, lease_ttl, acquired_at, renewed_at)
+    SELECT d.job_key, gen_random_uuid(), clock_timestamp() + d.ttl,
+           ((('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int - 1)
+               ::bigint << 40) + 1,
+           d.ttl, clock_timestamp(), clock_timestamp()
+    FROM due AS d
+    ORDER BY d.job_key
+    ON CONFLICT (job_key) DO UPDATE
+    SET lease_owner = excluded.lease_owner,
+        lease_until = clock_timestamp() + excluded.lease_ttl,
+        fencing_token = greatest(l.fencing_token + 1, excluded.fencing_token),
+        lease_ttl = excluded.lease_ttl,
+        acquired_at = clock_timestamp(),
+        renewed_at = clock_timestamp()
+    WHERE l.lease_until < clock_timestamp()
+    RETURNING l.job_key, l.lease_owner, l.fencing_token, l.lease_until
+), state AS (
+    INSERT INTO {schema}.job_state AS s (job_key, token)
+    SELECT job_key, fencing_token FROM taken
+    ON CONFLICT (job_key) DO UPDATE SET token = excluded.token
+), mark AS (
+    UPDATE {schema}.scheduled_jobs AS j
+    SET claim_token = t.fencing_token, claimed_at = clock_timestamp()
+    FROM taken AS t
+    WHERE j.job_key = t.job_key
+), ready AS (
+    SELECT least(
+        (SELECT min(j.due_at) FROM {schema}.scheduled_jobs AS j
+         WHERE NOT j.paused AND j.due_at > c.now
+           AND j.job_key <> ALL (%(exclude)s::text[])),
+        (SELECT min(l.lease_until)
+         FROM {schema}.scheduled_jobs AS j
+         JOIN {schema}.job_leases AS l ON l.job_key = j.job_key
+         WHERE NOT j.paused AND j.due_at <= c.now AND l.lease_until >= c.now
+           AND j.job_key <> ALL (%(exclude)s::text[])),
+        (SELECT c.now FROM {schema}.scheduled_jobs AS j
+         WHERE NOT j.paused AND j.due_at <= c.now
+           AND j.job_key <> ALL (%(exclude)s::text[])
+           AND j.job_key NOT IN (SELECT job_key FROM due)
+           AND NOT EXISTS (
+               SELECT 1 FROM {schema}.job_leases AS l
+               WHERE l.job_key = j.job_key AND l.lease_until >= c.now)
+         LIMIT 1)
+    ) AS ready_at, c.now
+    FROM clock AS c
+)
+SELECT t.job_key, t.lease_owner, t.fencing_token, t.lease_until, d.cron, d.every, d.timezone,
+       d.ttl, d.misfire, d.misfire_grace, d.on_crash, d.revision, d.next_slot, d.done_slot,
+       d.running_slot, d.running_kind, d.running_token, d.running_attempt, d.trigger_at,
+       c.now, NULL::timestamptz AS ready_at
+FROM taken AS t
+JOIN due AS d ON d.job_key = t.job_key
+CROSS JOIN clock AS c
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       NULL, NULL, NULL, NULL, NULL, r.now, r.ready_at
+FROM ready AS r;
+
+-- name: sched_start
+-- Record what the claiming worker decided for each claimed job (its plan, computed in Python
+-- from the claim's rows and database time): the slot it runs now (if any), the new next
+-- slot (only forward, and only if the definition revision is unchanged), the slots it
+-- skipped (misfire_skipped / abandoned rows) and the run's history row. Fenced on
+-- claim_token, evaluated on the latest row version: a worker whose claim was superseded
+-- changes nothing. A previous run that never finished is marked lease_lost. Jobs with
+-- nothing to run get their lease released in the same statement.
+WITH plan AS (
+    SELECT *
+    FROM unnest(%(keys)s::text[], %(tokens)s::bigint[], %(owners)s::uuid[],
+                %(revisions)s::integer[], %(run_slots)s::timestamptz[],
+                %(run_kinds)s::text[], %(attempts)s::integer[],
+                %(next_slots)s::timestamptz[], %(done_slots)s::timestamptz[],
+                %(triggers)s::timestamptz[], %(prior_tokens)s::bigint[],
+                %(prior_errors)s::text[])
+        AS p(job_key, token, owner, revision, run_slot, run_kind, attempt, next_slot,
+             done_slot, trigger_at, prior_token, prior_error)
+), job AS (
+    UPDATE {schema}.scheduled_jobs AS j
+    SET next_slot = CASE WHEN j.revision = p.revision
+                         THEN greatest(j.next_slot, p.next_slot) ELSE j.next_slot END,
+        done_slot = greatest(j.done_slot, p.done_slot),
+        running_slot = p.run_slot,
+        running_kind = p.run_kind,
+        running_token = CASE WHEN p.run_slot IS NULL THEN NULL ELSE p.token END,
+        running_attempt = CASE WHEN p.run_slot IS NULL THEN NULL ELSE p.attempt END,
+        trigger_at = CASE WHEN j.trigger_at = p.trigger_at THEN NULL ELSE j.trigger_at END
+    FROM plan AS p
+    WHERE j.job_key = p.job_key AND j.claim_token = p.token
+    RETURNING j.job_key
+), prior AS (
+    UPDATE {schema}.job_runs AS r
+    SET outcome = 'lease_lost', finished_at = clock_timestamp(), error = p.prior_error
+    FROM plan AS p
+    WHERE p.job_key IN (SELECT job_key FROM job)
+      AND r.job_key = p.job_key AND r.token = p.prior_token
+      AND r.started_at IS NOT NULL AND r.outcome = 'running'
+), skipped AS (
+    INSERT INTO {schema}.job_runs
+        (job_key, slot, kind, token, worker_id, host, pid, finished_at, outcome, error)
+    SELECT s.job_key, s.slot, s.kind, s.token, %(worker)s, %(host)s, %(pid)s,
+           clock_timestamp(), s.outcome, s.error
+    FROM unnest(%(skip_keys)s::text[], %(skip_slots)s::timestamptz[],
+                %(skip_tokens)s::bigint[], %(skip_kinds)s::text[],
+                %(skip_outcomes)s::text[], %(skip_errors)s::text[])
+        AS s(job_key, slot, token, kind, outcome, error)
+    WHERE s.job_key IN (SELECT job_key FROM job)
+), run AS (
+    INSERT INTO {schema}.job_runs
+        (job_key, slot, kind, attempt, token, owner, worker_id, host, pid, started_at,
+         outcome)
+    SELECT p.job_key, p.run_slot, p.run_kind, p.attempt, p.token, p.owner, %(worker)s,
+           %(host)s, %(pid)s, clock_timestamp(), 'running'
+    FROM plan AS p
+    WHERE p.run_slot IS NOT NULL AND p.job_key IN (SELECT job_key FROM job)
+    RETURNING job_key, started_at
+), idle AS (
+    UPDATE {schema}.job_leases AS l
+    SET lease_until = clock_timestamp()
+    FROM plan AS p
+    WHERE p.run_slot IS NULL
+      AND l.job_key = p.job_key AND l.fencing_token = p.token AND l.lease_owner = p.owner
+      AND l.lease_until >= clock_timestamp()
+)
+SELECT job.job_key, run.started_at
+FROM job
+LEFT JOIN run ON run.job_key = job.job_key;
+
+-- name: sched_unclaim
+-- Give back leases this worker claimed but cannot run (a job it has no function for): the
+-- lease expires now, nothing else changes, so a worker that has the job takes it at once.
+UPDATE {schema}.job_leases AS l
+SET lease_until = clock_timestamp()
+FROM unnest(%(keys)s::text[], %(tokens)s::bigint[], %(owners)s::uuid[])
+    AS u(job_key, token, owner)
+WHERE l.job_key = u.job_key AND l.fencing_token = u.token AND l.lease_owner = u.owner
+  AND l.lease_until >= clock_timestamp()
+RETURNING l.job_key;
+
+-- name: sched_finish
+-- End one run and release its lease, in one statement. %(done)s: the slot is finished (the
+-- run succeeded or failed with its lease intact): running_slot is cleared and done_slot
+-- moves forward, so the slot never runs again. Not done (lease lost, cancelled at shutdown):
+-- running_slot stays, the lease is released and peers are notified, so another worker
+-- retries the slot at once with a higher token. Fenced on claim_token: a worker whose claim
+-- was taken over cannot clear its successor's slot; its own history row still gets its
+-- outcome, with a run that "succeeded" after losing its job recorded as lease_lost.
+WITH job AS (
+    UPDATE {schema}.scheduled_jobs AS j
+    SET running_slot = CASE WHEN %(done)s::boolean THEN NULL ELSE j.running_slot END,
+        running_kind = CASE WHEN %(done)s::boolean THEN NULL ELSE j.running_kind END,
+        running_token = CASE WHEN %(done)s::boolean THEN NULL ELSE j.running_token END,
+        running_attempt = CASE WHEN %(done)s::boolean THEN NULL ELSE j.running_attempt END,
+        done_slot = CASE WHEN %(done)s::boolean AND %(kind)s::text <> 'manual'
+                         THEN greatest(j.done_slot, %(slot)s::timestamptz)
+                         ELSE j.done_slot END
+    WHERE j.job_key = %(job_key)s AND j.claim_token = %(token)s
+      AND j.running_token = %(token)s
+    RETURNING j.job_key
+), released AS (
+    UPDATE {schema}.job_leases
+    SET lease_until = clock_timestamp()
+    WHERE job_key = %(job_key)s AND lease_owner = %(owner)s AND fencing_token = %(token)s
+      AND lease_until >= clock_timestamp()
+    RETURNING fencing_token
+), run AS (
+    UPDATE {schema}.job_runs AS r
+    SET outcome = CASE
+            WHEN EXISTS (SELECT 1 FROM job) OR %(outcome)s::text NOT IN ('succeeded', 'failed')
+            THEN %(outcome)s::text ELSE 'lease_lost' END,
+        error = CASE
+            WHEN EXISTS (SELECT 1 FROM job) OR %(outcome)s::text NOT IN ('succeeded', 'failed')
+            THEN %(error)s::text
+            ELSE concat_ws('; ', %(error)s::text, 'the run ended after another worker took the job '
+                                            'over (its writes with this token are fenced)')
+            END,
+        finished_at = clock_timestamp()
+    WHERE r.job_key = %(job_key)s AND r.token = %(token)s AND r.started_at IS NOT NULL
+    RETURNING r.outcome
+)
+SELECT (SELECT count(*) FROM job) AS matched,
+       (SELECT count(*) FROM released) AS released,
+       (SELECT outcome FROM run) AS outcome,
+       (SELECT claim_token FROM {schema}.scheduled_jobs WHERE job_key = %(job_key)s) AS current,
+       CASE WHEN NOT %(done)s::boolean THEN pg_notify(%(channel)s, %(job_key)s)::text END AS notified;
+
+-- name: sched_notify
+SELECT pg_notify(%(channel)s, %(payload)s)::text;
+
+-- name: sched_prune
+-- Retention: delete finished history rows older than the retention, a bounded batch at a time.
+WITH gone AS (
+    DELETE FROM {schema}.job_runs
+    WHERE run_id IN (
+        SELECT run_id FROM {schema}.job_runs
+        WHERE recorded_at < clock_timestamp() - %(retention)s::interval
+          AND outcome <> 'running'
+        LIMIT %(batch)s)
+    RETURNING 1
+)
+SELECT count(*) FROM gone;
+
+-- name: sched_list
+SELECT j.job_key, j.cron, j.every, j.timezone, j.ttl, j.misfire, j.misfire_grace, j.on_crash,
+       j.revision, j.defined_at, j.defined_by, j.paused, j.next_slot, j.running_slot,
+       j.running_token, j.trigger_at, l.fencing_token, l.lease_until,
+       coalesce(l.lease_until >= clock_timestamp(), false) AS held,
+       last.outcome, last.slot, last.finished_at, clock_timestamp() AS now
+FROM {schema}.scheduled_jobs AS j
+LEFT JOIN {schema}.job_leases AS l ON l.job_key = j.job_key
+LEFT JOIN LATERAL (
+    SELECT r.outcome, r.slot, r.finished_at
+    FROM {schema}.job_runs AS r
+    WHERE r.job_key = j.job_key AND r.outcome <> 'running'
+    ORDER BY r.run_id DESC
+    LIMIT 1
+) AS last ON true
+ORDER BY j.job_key;
+
+-- name: sched_get
+SELECT job_key, cron, every, timezone, revision, paused, next_slot, trigger_at,
+       clock_timestamp() AS now
+FROM {schema}.scheduled_jobs
+WHERE job_key = %(job_key)s;
+
+-- name: sched_pause
+WITH old AS MATERIALIZED (
+    SELECT job_key, paused FROM {schema}.scheduled_jobs WHERE job_key = %(job_key)s
+), changed AS (
+    UPDATE {schema}.scheduled_jobs AS j
+    SET paused = true, paused_at = clock_timestamp()
+    WHERE j.job_key = %(job_key)s AND NOT j.paused
+    RETURNING j.job_key
+)
+SELECT o.paused AS was_paused, (SELECT count(*) FROM changed) AS changed,
+       pg_notify(%(channel)s, 'paused')::text AS notified
+FROM old AS o;
+
+-- name: sched_resume
+-- Resume from now on: %(next_slot)s is the first slot after the database's now, computed by
+-- the caller from revision %(revision)s; slots that passed while paused are not run.
+WITH changed AS (
+    UPDATE {schema}.scheduled_jobs AS j
+    SET paused = false, paused_at = NULL, next_slot = greatest(j.next_slot, %(next_slot)s)
+    WHERE j.job_key = %(job_key)s AND j.paused AND j.revision = %(revision)s
+    RETURNING j.next_slot
+)
+SELECT next_slot, pg_notify(%(channel)s, 'resumed')::text AS notified FROM changed;
+
+-- name: sched_trigger
+-- Run now, once: a pending trigger is kept (two triggers before the run make one run).
+WITH old AS MATERIALIZED (
+    SELECT job_key, trigger_at, paused FROM {schema}.scheduled_jobs
+    WHERE job_key = %(job_key)s
+), changed AS (
+    UPDATE {schema}.scheduled_jobs AS j
+    SET trigger_at = clock_timestamp()
+    WHERE j.job_key = %(job_key)s AND j.trigger_at IS NULL
+    RETURNING j.trigger_at
+)
+SELECT o.trigger_at AS pending, (SELECT trigger_at FROM changed) AS triggered, o.paused,
+       pg_notify(%(channel)s, 'triggered')::text AS notified
+FROM old AS o;
+
+-- name: sched_history
+SELECT run_id, job_key, slot, kind, attempt, token, owner, worker_id, host, pid, started_at,
+       finished_at, outcome, error
+FROM {schema}.job_runs
+WHERE job_key = %(job_key)s
+ORDER BY run_id DESC
+LIMIT %(limit)s;

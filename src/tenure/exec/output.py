@@ -1,0 +1,16 @@
+"""How ``tenure exec`` talks: one line per event on stderr (the command owns stdout)."""
+
+from __future__ import annotations
+
+import click
+
+PROG = "tenure exec"
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def say(text: str) -> None:
+    """One line on stderr: the command owns stdout."""
+    click.echo(f"{PROG}: {one_line(text)}", err=True)

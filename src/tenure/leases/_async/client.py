@@ -1,0 +1,371 @@
+"""The client: a connection pool, the named queries, and the lease operations."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import uuid
+from types import TracebackType
+from typing import Any
+
+import psycopg
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
+
+from ... import metrics
+from ..._acompat import monotonic
+from ...db import migrations
+from ...db.dsn import describe, resolve
+from ...db.queries import compose, queries
+from ...db.timeouts import (
+    CONNECTION_KWARGS,
+    TIMEOUTS,
+    UNSET,
+    Unset,
+    lock_timeout_ms,
+    prepare_threshold_from_env,
+)
+from ...errors import (
+    ConfigurationError,
+    InvalidArgument,
+    LeaseBusy,
+    TenureError,
+    Timeout,
+    mapped,
+    translate,
+)
+from ...validation import Duration, check_job_key, check_schema, check_ttl, parse_duration
+from ..models import Grant, LeaseInfo
+from .lease import AsyncLease, AsyncLeaseContext
+from .results import AsyncResults
+
+log = logging.getLogger("tenure.client")
+
+DEFAULT_TTL = 30.0
+
+
+class AsyncClient:
+    """Leases, fenced results and migrations on one PostgreSQL schema.
+
+    Every statement runs on tenure's own pooled connections in autocommit mode: an acquire
+    commits on its own and never joins a caller's transaction, so a token is valid exactly
+    when the statement that issued it has committed.
+    """
+
+    def __init__(
+        self, pool: AsyncConnectionPool[AsyncConnection[Any]], *, schema: str, where: str
+    ) -> None:
+        self._pool = pool
+        self.schema = schema
+        self.where = where
+        self._queries = queries(schema)
+        self.results = AsyncResults(self)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.where} schema={self.schema!r}>"
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def _fetch(
+        self, name: str, params: dict[str, Any], *, doing: str, wrote: bool = False
+    ) -> list[tuple[Any, ...]]:
+        # getconn/putconn rather than `pool.connection()`: the latter wraps the connection in
+        # `with conn:`, which sends a needless COMMIT-check on every call of this hot path.
+        try:
+            conn = await self._pool.getconn()
+            try:
+                cur = await conn.execute(self._queries[name], params)
+                return await cur.fetchall()
+            finally:
+                await self._pool.putconn(conn)
+        except psycopg.Error as exc:
+            if isinstance(exc, psycopg.OperationalError):
+                await self._drop_dead_connections()
+            raise translate(exc, doing, wrote=wrote) from exc
+
+    async def _drop_dead_connections(self) -> None:
+        """After a connection failure (server restart, terminated backends), test the idle
+        connections once, so the next calls get live ones instead of failing one by one."""
+        try:
+            await self._pool.check()
+        except psycopg.Error:  # the server is still away: the next call reconnects
+            log.debug("checking pooled connections failed", exc_info=True)
+
+    # -- schema -----------------------------------------------------------------------------
+
+    async def migrate(self) -> list[int]:
+        """Apply pending migrations under an advisory lock; returns the versions applied.
+
+        Safe to run twice, or from several processes at once.
+        """
+        applied: list[int] = []
+        with mapped(f"migrating schema {self.schema!r}", wrote=True):
+            async with self._pool.connection() as conn, conn.transaction():
+                await conn.execute(b"SET LOCAL lock_timeout = '60s'")
+                await conn.execute(b"SET LOCAL statement_timeout = '10min'")
+                await conn.execute(
+                    b"SELECT pg_advisory_xact_lock(hashtext(%s))", (migrations.LOCK_NAME,)
+                )
+                await conn.execute(compose(migrations.BOOTSTRAP, self.schema))
+                cur = await conn.execute(
+                    compose("SELECT version FROM {schema}.tenure_migrations", self.schema)
+                )
+                done = {row[0] for row in await cur.fetchall()}
+                for mig in migrations.available():
+                    if mig.version in done:
+                        continue
+                    if done and mig.version < max(done):
+                        raise ConfigurationError(
+                            f"migration {mig.version} ({mig.name}) is older than the applied "
+                            f"version {max(done)} of schema {self.schema!r}: migrations are "
+                            "forward-only and must be added with increasing numbers"
+                        )
+                    await conn.execute(compose(mig.sql, self.schema))
+                    await conn.execute(
+                        compose(
+                            "INSERT INTO {schema}.tenure_migrations (version, name) "
+                            "VALUES (%s, %s)",
+                            self.schema,
+                        ),
+                        (mig.version, mig.name),
+                    )
+                    applied.append(mig.version)
+        if applied:
+            log.info("schema %r migrated to version %s", self.schema, applied[-1])
+        return applied
+
+    async def schema_version(self) -> int | None:
+        """The applied schema version, or None if tenure's schema is not there."""
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                b"SELECT EXISTS (SELECT 1 FROM pg_tables"
+                b" WHERE schemaname = %s AND tablename = 'tenure_migrations')",
+                (self.schema,),
+            )
+            row = await cur.fetchone()
+            if not row or not row[0]:
+                return None
+            cur = await conn.execute(
+                compose("SELECT max(version) FROM {schema}.tenure_migrations", self.schema)
+            )
+            row = await cur.fetchone()
+            return row[0] if row else None
+
+    # -- leases -----------------------------------------------------------------------------
+
+    async def _attempt(
+        self, job_key: str, ttl: Duration, safety_margin: Duration | None
+    ) -> AsyncLease | LeaseBusy:
+        check_job_key(job_key)
+        ttl_s = check_ttl(ttl)
+        margin = (
+            default_margin(ttl_s)
+            if safety_margin is None
+            else parse_duration(safety_margin, what="safety_margin")
+        )
+        if not 0 <= margin < ttl_s:
+            raise InvalidArgument(
+                f"safety_margin {safety_margin!r} must be at least 0 and less than the ttl"
+            )
+        owner = uuid.uuid4()
+        sent = monotonic()
+        try:
+            rows = await self._fetch(
+                "acquire",
+                {
+                    "job_key": job_key,
+                    "owner": owner,
+                    "ttl": dt.timedelta(seconds=ttl_s),
+                    "lock_timeout": lock_timeout_ms(ttl_s),
+                },
+                doing=f"acquiring lease {job_key!r}",
+                wrote=True,
+            )
+        except Timeout:
+            # The previous holder's fenced transaction still holds the job-state row.
+            metrics.emit(metrics.ACQUIRE, job_key, "busy")
+            return LeaseBusy(job_key, None, None, detail=": its fenced transaction is still open")
+        except TenureError:
+            metrics.emit(metrics.ACQUIRE, job_key, "error")
+            raise
+        if rows and rows[0][0]:
+            _, token, expires_at, acquired_at = rows[0]
+            metrics.emit(metrics.ACQUIRE, job_key, "acquired")
+            if log.isEnabledFor(logging.INFO):
+                log.info(
+                    "lease %r acquired with token %s until %s",
+                    job_key,
+                    token,
+                    expires_at.isoformat(),
+                    extra={"job": job_key, "token": token, "owner": str(owner)},
+                )
+            return AsyncLease(
+                self,
+                job_key,
+                owner,
+                Grant(token, expires_at, acquired_at),
+                ttl=ttl_s,
+                safety_margin=margin,
+                sent_at=sent,
+            )
+        metrics.emit(metrics.ACQUIRE, job_key, "busy")
+        if rows:
+            return LeaseBusy(job_key, rows[0][1], rows[0][2])
+        # A concurrent first acquire of this key won the race: our statement's snapshot
+        # predates its row. One more (rare) statement names the winner.
+        info = await self.inspect(job_key)
+        if info is None:
+            return LeaseBusy(job_key, None, None)
+        return LeaseBusy(job_key, info.token, info.expires_at)
+
+    async def acquire(
+        self, job_key: str, *, ttl: Duration = DEFAULT_TTL, safety_margin: Duration | None = None
+    ) -> AsyncLease | None:
+        """Take the lease if it is free or expired; None if another execution holds it.
+
+        The returned lease is not renewed automatically: call ``renew()`` within its TTL,
+        or use :meth:`lease`, which renews in the background.
+        """
+        outcome = await self._attempt(job_key, ttl, safety_margin)
+        return outcome if isinstance(outcome, AsyncLease) else None
+
+    def lease(
+        self,
+        job_key: str,
+        *,
+        ttl: Duration = DEFAULT_TTL,
+        wait: Duration | None = None,
+        safety_margin: Duration | None = None,
+    ) -> AsyncLeaseContext:
+        """Context manager: acquire (waiting up to ``wait`` seconds) or raise
+        :class:`LeaseBusy`; renew every ttl/3 in the background; release on exit."""
+        check_job_key(job_key)
+        ttl_s = check_ttl(ttl)
+        wait_s = None if wait is None else parse_duration(wait, what="wait")
+        if wait_s is not None and wait_s < 0:
+            raise InvalidArgument(f"wait must not be negative, got {wait!r}")
+        margin = None if safety_margin is None else parse_duration(safety_margin)
+        return AsyncLeaseContext(self, job_key, ttl=ttl_s, wait=wait_s, safety_margin=margin)
+
+    async def inspect(self, job_key: str) -> LeaseInfo | None:
+        """The current lease on ``job_key`` (held or expired), or None if never acquired."""
+        check_job_key(job_key)
+        rows = await self._fetch(
+            "inspect", {"job_key": job_key}, doing=f"inspecting lease {job_key!r}"
+        )
+        return _info(rows[0]) if rows else None
+
+    async def leases(self) -> list[LeaseInfo]:
+        """Every job's lease, held or expired, ordered by job key."""
+        rows = await self._fetch("leases", {}, doing="listing leases")
+        return [_info(row) for row in rows]
+
+    async def release(self, job_key: str) -> int | None:
+        """Operator action: expire whatever lease is live on ``job_key`` now.
+
+        Returns the token that was expired, or None if no lease was live. The token stays,
+        so the old holder's writes remain fenced.
+        """
+        check_job_key(job_key)
+        rows = await self._fetch(
+            "force_release", {"job_key": job_key}, doing=f"releasing {job_key!r}", wrote=True
+        )
+        if not rows:
+            return None
+        token: int = rows[0][0]
+        log.warning(
+            "lease %r token %s expired by an operator",
+            job_key,
+            token,
+            extra={"job": job_key, "token": token, "owner": str(rows[0][1])},
+        )
+        return token
+
+    async def now(self) -> dt.datetime:
+        """The database clock: the only clock tenure trusts."""
+        rows = await self._fetch("now", {}, doing="reading the database clock")
+        value: dt.datetime = rows[0][0]
+        return value
+
+
+def default_margin(ttl: float) -> float:
+    """A tenth of the TTL: covers clock-rate drift and the time to stop work."""
+    return ttl / 10
+
+
+def _info(row: tuple[Any, ...]) -> LeaseInfo:
+    job_key, owner, token, until, ttl, acquired, renewed, now = row
+    return LeaseInfo(job_key, owner, token, until, ttl, acquired, renewed, now)
+
+
+async def _configure(conn: AsyncConnection[Any]) -> None:
+    for name, value in TIMEOUTS.items():
+        await conn.execute(b"SELECT set_config(%s, %s, false)", (name, value))
+
+
+async def connect_async(
+    dsn: str | None = None,
+    *,
+    schema: str = "tenure",
+    pool_size: int = 4,
+    migrate: bool = False,
+    application_name: str = "tenure",
+    prepare_threshold: int | Unset | None = UNSET,
+) -> AsyncClient:
+    """Connect to PostgreSQL (``dsn``, else ``$TENURE_DSN``, ``$DATABASE_URL``, else the
+    embedded server) and return a client for ``schema``.
+
+    ``pool_size``: connections kept for lease operations and renewals. ``migrate``: apply
+    pending migrations first. ``application_name``: shown in ``pg_stat_activity``.
+    ``prepare_threshold``: psycopg's server-side prepared statements (after 5 executions of a
+    query; default ``$TENURE_PREPARE_THRESHOLD``, else 5); pass None (or set
+    ``TENURE_PREPARE_THRESHOLD=none``) behind PgBouncer in transaction mode before 1.21,
+    where one client's prepared statements reach another's server connection.
+    """
+    check_schema(schema)
+    if pool_size < 1:
+        raise InvalidArgument(f"pool_size must be at least 1, got {pool_size}")
+    conninfo, source = resolve(dsn)
+    where = describe(conninfo)
+    kwargs = {
+        **CONNECTION_KWARGS,
+        "application_name": application_name,
+        "prepare_threshold": (
+            prepare_threshold_from_env()
+            if isinstance(prepare_threshold, Unset)
+            else prepare_threshold
+        ),
+    }
+    try:
+        # One direct attempt first: its error says what is wrong, a pool timeout would not.
+        probe = await AsyncConnection.connect(conninfo, **kwargs)
+        await probe.close()
+    except psycopg.Error as exc:
+        raise translate(exc, f"connecting to {where} (from {source})") from exc
+    pool: AsyncConnectionPool[AsyncConnection[Any]] = AsyncConnectionPool(
+        conninfo,
+        min_size=1,
+        max_size=pool_size,
+        kwargs=kwargs,
+        configure=_configure,
+        timeout=10.0,
+        open=False,
+        name=f"tenure-{schema}",
+    )
+    await pool.open(wait=True, timeout=10.0)
+    client = AsyncClient(pool, schema=schema, where=where)
+    if migrate:
+        await client.migrate()
+    return client

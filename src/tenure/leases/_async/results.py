@@ -1,0 +1,80 @@
+"""The fenced result store: the seed's ``report_results`` with its conditional upsert."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from psycopg import AsyncConnection
+from psycopg.types.json import Jsonb
+
+from ... import metrics
+from ...db.queries import query
+from ...errors import StaleTokenError, TokenNotIssued, mapped
+from ...validation import check_job_key, check_token, to_json
+from ..models import Result
+
+if TYPE_CHECKING:
+    from .client import AsyncClient
+
+log = logging.getLogger("tenure.results")
+
+
+class AsyncResults:
+    """``client.results``: the last result per job key and the token that wrote it."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def put(
+        self, job_key: str, payload: Any, *, token: int, conn: AsyncConnection[Any] | None = None
+    ) -> Result:
+        """Store ``payload`` for ``job_key`` if ``token`` is not older than the stored one.
+
+        A retry with the same token (e.g. after a lost commit acknowledgement) is accepted.
+        Zero affected rows is a failure: :class:`StaleTokenError` names both tokens. Pass
+        ``conn`` to write inside your own transaction (with a fence, for example).
+        """
+        check_job_key(job_key)
+        check_token(token)
+        text = to_json(payload)
+        params = {"job_key": job_key, "payload": Jsonb(text, dumps=_identity), "token": token}
+        doing = f"storing the result of {job_key!r} with token {token}"
+        if conn is None:
+            rows = await self._client._fetch("result_put", params, doing=doing, wrote=True)
+            row = rows[0]
+        else:
+            with mapped(doing):
+                cur = await conn.execute(query(self._client.schema, "result_put"), params)
+                fetched = await cur.fetchone()
+            assert fetched is not None
+            row = fetched
+        applied, written_at, current, issued = row
+        if applied is None:
+            if issued is None or issued < token:
+                raise TokenNotIssued(job_key, token, issued)
+            metrics.emit(metrics.STALE, job_key, "result")
+            log.warning(
+                "stale result write for %r rejected: token %s < accepted token %s",
+                job_key,
+                token,
+                current,
+                extra={"job": job_key, "token": token, "current_token": current},
+            )
+            raise StaleTokenError(job_key, token, current, site="result")
+        return Result(job_key, payload, applied, written_at)
+
+    async def get(self, job_key: str) -> Result | None:
+        """The stored result for ``job_key``, or None."""
+        check_job_key(job_key)
+        rows = await self._client._fetch(
+            "result_get", {"job_key": job_key}, doing=f"reading the result of {job_key!r}"
+        )
+        if not rows:
+            return None
+        key, payload, token, written_at = rows[0]
+        return Result(key, payload, token, written_at)
+
+
+def _identity(text: str) -> str:
+    return text

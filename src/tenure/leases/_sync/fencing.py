@@ -1,0 +1,86 @@
+# WARNING: this file is generated from src/tenure/leases/_async/fencing.py
+# by tools/async_to_sync.py.
+# Edit the async source and run `python tools/async_to_sync.py`; CI checks the two agree.
+"""Fenced transactions: bind a caller's writes to the fencing token, in the caller's own
+transaction.
+
+Why it is safe (strict mode, the default; details in docs/safety.md):
+
+* ``fence()`` updates the job-state row only if the caller's token is the newest takeover and
+  its lease is unexpired by the database clock. The update's row lock lasts until the
+  caller's transaction ends.
+* A takeover updates the same row in the same statement that issues the new token, so it
+  waits for the predecessor's open fenced transaction (bounded by the contender's
+  lock_timeout). Once the takeover has committed, the predecessor's ``fence()`` matches zero
+  rows, even if the successor has written nothing yet, and raises :class:`StaleTokenError`.
+* Under READ COMMITTED, if the takeover commits while ``fence()`` waits for the row lock,
+  PostgreSQL re-evaluates the WHERE clause on the new row version (EvalPlanQual): the token
+  no longer matches, so the fence fails rather than succeeding on the old version.
+* Renewals do not touch the job-state row, so a holder's long fenced transaction never
+  starves its own renewals.
+* ``fence()`` sets ``idle_in_transaction_session_timeout`` for the rest of the transaction
+  (default: the lease TTL), so a holder paused inside its transaction is disconnected by the
+  server and cannot block a successor for longer than that.
+
+Relaxed mode (``strict=False``) is for data in a database that has no lease table: the
+seed's rule, the last accepted token per key, in that database's ``job_state`` table.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg import Connection
+from psycopg.pq import TransactionStatus
+
+from ... import metrics
+from ...db.queries import query
+from ...errors import InvalidArgument, StaleTokenError, mapped
+from ...validation import Duration, check_job_key, check_schema, check_token, parse_duration
+
+
+def fence(
+    conn: Connection[Any],
+    job_key: str,
+    token: int,
+    *,
+    schema: str = "tenure",
+    strict: bool = True,
+    idle_timeout: Duration | bool | None = None,
+) -> None:
+    """Fence the caller's current transaction on ``conn`` with ``token``.
+
+    Call it inside your transaction, before or after your other writes: they commit only if
+    the token is still the newest. Raises :class:`StaleTokenError` when it is not; roll the
+    transaction back then (leaving a ``with conn.transaction():`` block by the exception
+    does). ``idle_timeout``: how long the server lets this transaction sit idle before ending
+    it (default: the lease TTL; ``False`` leaves the session's setting alone).
+    """
+    check_job_key(job_key)
+    check_token(token)
+    check_schema(schema)
+    if conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
+        raise InvalidArgument(
+            "fence() must run inside your transaction, but the connection is in autocommit "
+            "mode outside a transaction block: wrap it in `with conn.transaction():`"
+        )
+    set_idle = idle_timeout is not False
+    idle = (
+        None
+        if idle_timeout is None or isinstance(idle_timeout, bool)
+        else parse_duration(idle_timeout, what="idle_timeout")
+    )
+    params = {
+        "job_key": job_key,
+        "token": token,
+        "set_idle": set_idle,
+        "idle": None if idle is None else f"{idle} seconds",
+    }
+    name = "fence" if strict else "fence_relaxed"
+    with mapped(f"fencing {job_key!r} with token {token}"):
+        cur = conn.execute(query(schema, name), params)
+        row = cur.fetchone()
+    assert row is not None
+    if row[0] is None:
+        metrics.emit(metrics.STALE, job_key, "fence")
+        raise StaleTokenError(job_key, token, row[2], site="fence")

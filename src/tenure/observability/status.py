@@ -1,0 +1,144 @@
+"""``tenure status``: every job as the database sees it, whatever process did the work.
+
+One statement (``db/sql/status.sql``) per call: the lease (holder token, expiry), the schedule
+(next slot, paused), the newest run and its outcome, and counts and duration percentiles
+over a recent window from the scheduler's run history. Every time is the database clock.
+Jobs run by ``tenure exec`` or the library alone have a lease and maybe a result, but no
+run history: their counts are zero and their percentiles empty.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import uuid
+
+    from ..leases._sync.client import Client
+
+
+@dataclass(frozen=True, slots=True)
+class LastRun:
+    slot: dt.datetime
+    kind: str
+    token: int
+    outcome: str
+    started_at: dt.datetime
+    finished_at: dt.datetime | None
+    error: str | None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "slot": self.slot.isoformat(),
+            "kind": self.kind,
+            "token": self.token,
+            "outcome": self.outcome,
+            "started_at": self.started_at.isoformat(),
+            "finished_at": _iso(self.finished_at),
+            "error": self.error,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class JobOverview:
+    job_key: str
+    token: int | None  # the lease's token (the holder's while held)
+    owner: uuid.UUID | None
+    expires_at: dt.datetime | None
+    held: bool
+    seconds_left: float | None
+    scheduled: bool
+    paused: bool | None
+    next_slot: dt.datetime | None
+    last_run: LastRun | None
+    window: float  # seconds the counts and percentiles cover
+    runs: int
+    failures: int
+    lost_leases: int
+    stale_rejections: int
+    p50: float | None
+    p95: float | None
+    p99: float | None
+    result_token: int | None
+    result_at: dt.datetime | None
+    now: dt.datetime
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "job": self.job_key,
+            "token": self.token,
+            "held": self.held,
+            "owner": None if self.owner is None else str(self.owner),
+            "expires_at": _iso(self.expires_at),
+            "seconds_left": None if self.seconds_left is None else round(self.seconds_left, 3),
+            "scheduled": self.scheduled,
+            "paused": self.paused,
+            "next_slot": _iso(self.next_slot),
+            "last_run": None if self.last_run is None else self.last_run.as_json(),
+            "window_seconds": self.window,
+            "runs": self.runs,
+            "failures": self.failures,
+            "lost_leases": self.lost_leases,
+            "stale_rejections": self.stale_rejections,
+            "duration_p50": _round(self.p50),
+            "duration_p95": _round(self.p95),
+            "duration_p99": _round(self.p99),
+            "result_token": self.result_token,
+            "result_at": _iso(self.result_at),
+            "now": self.now.isoformat(),
+        }
+
+
+def _round(seconds: float | None) -> float | None:
+    # Microseconds: what timestamptz resolves; percentile_cont's interpolation adds noise.
+    return None if seconds is None else round(seconds, 6)
+
+
+def _iso(value: dt.datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def overview(client: Client, *, window: float = 3600.0) -> list[JobOverview]:
+    """Every job key with a lease or a schedule, ordered by key."""
+    rows = client._fetch(
+        "status_jobs",
+        {"window": dt.timedelta(seconds=window)},
+        doing="reading the status of every job",
+    )
+    found = []
+    for row in rows:
+        key, token, owner, until, held, left, scheduled, paused, next_slot = row[:9]
+        slot, kind, run_token, outcome, started, finished, error = row[9:16]
+        runs, failures, lost, stale, durations, result_token, result_at, now = row[16:]
+        last = None
+        if slot is not None:
+            last = LastRun(slot, kind, run_token, outcome, started, finished, error)
+        p50, p95, p99 = durations if durations is not None else (None, None, None)
+        found.append(
+            JobOverview(
+                job_key=key,
+                token=token,
+                owner=owner,
+                expires_at=until,
+                held=held,
+                seconds_left=left,
+                scheduled=scheduled,
+                paused=paused,
+                next_slot=next_slot,
+                last_run=last,
+                window=window,
+                runs=runs,
+                failures=failures,
+                lost_leases=lost,
+                stale_rejections=stale,
+                p50=p50,
+                p95=p95,
+                p99=p99,
+                result_token=result_token,
+                result_at=result_at,
+                now=now,
+            )
+        )
+    return found

@@ -1,0 +1,64 @@
+# WARNING: this file is generated from src/tenure/outbox/_async/inbox.py
+# by tools/async_to_sync.py.
+# Edit the async source and run `python tools/async_to_sync.py`; CI checks the two agree.
+"""The inbox: a consumer applies each message once, however often it is delivered.
+
+Delivery is at least once (a relay may die after the handler ran and before it recorded the
+delivery; a webhook may answer after the relay gave up). The consumer claims the message's
+business key in the same transaction as its side effect: the claim and the effect commit
+together or not at all, and a second delivery finds the claim and skips the effect::
+
+    with conn.transaction():
+        if tenure.inbox.claim(conn, "billing", request.headers["Idempotency-Key"]):
+            conn.execute("INSERT INTO invoices ...")
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from psycopg import Connection
+from psycopg.pq import TransactionStatus
+
+from ...db.queries import query
+from ...errors import InvalidArgument, mapped
+from ...validation import check_schema
+
+log = logging.getLogger("tenure.inbox")
+MAX_CONSUMER = 200
+MAX_KEY = 1000
+
+
+def claim(conn: Connection[Any], consumer: str, key: str, *, schema: str = "tenure") -> bool:
+    """Claim ``key`` for ``consumer`` in the caller's current transaction on ``conn``.
+
+    True: first time, apply the side effect in this transaction. False: already applied by
+    a committed transaction, skip it. A concurrent claim of the same key waits for the
+    first transaction, then returns False if it committed (True if it rolled back).
+    ``consumer`` names the applying party, so two consumers of one message each apply it.
+    """
+    if not isinstance(consumer, str) or not consumer.strip() or len(consumer) > MAX_CONSUMER:
+        raise InvalidArgument(
+            f"consumer must be a non-empty string of at most {MAX_CONSUMER} characters, "
+            f"got {consumer!r}"
+        )
+    if not isinstance(key, str) or not key or len(key) > MAX_KEY or ("\x00" in key):
+        raise InvalidArgument(
+            f"inbox key must be a non-empty string of at most {MAX_KEY} characters without "
+            f"NUL, got {key!r}"
+        )
+    check_schema(schema)
+    if conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
+        raise InvalidArgument(
+            "claim() must run inside your transaction, together with the side effect, but "
+            "the connection is in autocommit mode outside a transaction block: wrap both in "
+            "`with conn.transaction():`"
+        )
+    with mapped(f"claiming inbox key {key!r} for {consumer!r}"):
+        cur = conn.execute(query(schema, "inbox_claim"), {"consumer": consumer, "key": key})
+        row = cur.fetchone()
+    first = row is not None
+    if not first:
+        log.info("inbox %r: %r already applied, skipping", consumer, key)
+    return first

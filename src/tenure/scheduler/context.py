@@ -1,0 +1,158 @@
+"""What a job function receives: :class:`JobContext` (slot, token, lease, cancellation) and
+``ctx.results``, the fenced result store bound to the run's token."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import threading
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import psycopg
+
+from ..errors import InvalidArgument, LeaseLost, StaleTokenError
+from ..leases._async.fencing import fence_async
+from ..leases._sync.fencing import fence
+from ..leases.models import Result
+from ..validation import to_json
+
+if TYPE_CHECKING:
+    from ..leases._async.client import AsyncClient
+    from ..leases._async.lease import AsyncLease
+
+T = TypeVar("T")
+
+
+class JobResults:
+    """``ctx.results``: the job's fenced result store. ``put`` writes inside a strict fence:
+    once another worker has taken the job over, the write is rejected with
+    :class:`~tenure.StaleTokenError`, even if the successor has not written yet."""
+
+    def __init__(self, ctx: JobContext) -> None:
+        self._ctx = ctx
+
+    def put(self, payload: Any) -> Result:
+        """Store ``payload`` (JSON) as this job's result; from a sync job's thread."""
+        return self._ctx._call(self.put_async(payload), "ctx.results.put_async(payload)")
+
+    async def put_async(self, payload: Any) -> Result:
+        """Store ``payload`` (JSON) as this job's result; from an async job."""
+        ctx = self._ctx
+        to_json(payload)  # fail on a bad payload before taking a connection
+        client = ctx._client
+        try:
+            async with client._pool.connection() as conn, conn.transaction():
+                await fence_async(conn, ctx.job_key, ctx.token, schema=client.schema)
+                return await client.results.put(ctx.job_key, payload, token=ctx.token, conn=conn)
+        except StaleTokenError:
+            ctx._stale = True
+            raise
+
+    def get(self) -> Result | None:
+        """The stored result of this job (any token), from a sync job's thread."""
+        return self._ctx._call(self.get_async(), "ctx.results.get_async()")
+
+    async def get_async(self) -> Result | None:
+        return await self._ctx._client.results.get(self._ctx.job_key)
+
+
+class JobContext:
+    """What a job function receives: which slot it runs, its token and lease, and fenced
+    writes bound to that token.
+
+    * ``job_key``, ``token`` (the fencing token of this run), ``slot`` (the scheduled time, in
+      the job's time zone; the trigger time for a manual run), ``kind`` ("scheduled",
+      "retry" or "manual"), ``attempt``, ``lease`` (renewed in the background), ``worker_id``.
+    * ``check()`` raises :class:`~tenure.LeaseLost` once the lease is lost or the worker is
+      shutting down; ``cancelled`` is then True. Call it between units of work.
+    * ``fence(conn)`` / ``await fence_async(conn)``: fence your own transaction on ``conn``
+      with this run's token (see :func:`tenure.fence`).
+    * ``results.put(payload)`` / ``await results.put_async(payload)``: the fenced result store.
+    """
+
+    def __init__(
+        self,
+        *,
+        job_key: str,
+        token: int,
+        slot: dt.datetime,
+        kind: str,
+        attempt: int,
+        lease: AsyncLease,
+        client: AsyncClient,
+        worker_id: str,
+    ) -> None:
+        self.job_key = job_key
+        self.token = token
+        self.slot = slot
+        self.kind = kind
+        self.attempt = attempt
+        self.lease = lease
+        self.worker_id = worker_id
+        self.results = JobResults(self)
+        self._client = client
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        self._cancel = threading.Event()
+        self._reason: str | None = None
+        self._stale = False
+
+    def __repr__(self) -> str:
+        return (
+            f"<JobContext {self.job_key!r} slot={self.slot.isoformat()} token={self.token} "
+            f"{self.kind}{' cancelled' if self.cancelled else ''}>"
+        )
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the lease is lost or the worker is shutting down: stop working."""
+        if not self._cancel.is_set() and self.lease.lost:
+            self._stop(self.lease.lost_reason or "the lease is lost")
+        return self._cancel.is_set()
+
+    def check(self) -> None:
+        """Raise :class:`~tenure.LeaseLost` if this run must stop."""
+        if self.cancelled:
+            raise LeaseLost(self.job_key, self.token, self._reason or "cancelled")
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds`` in a sync job, waking early when cancelled; returns
+        ``cancelled``."""
+        deadline = seconds
+        while deadline > 0 and not self.cancelled:
+            step = min(deadline, 0.1)
+            self._cancel.wait(step)
+            deadline -= step
+        return self.cancelled
+
+    def fence(self, conn: psycopg.Connection[Any]) -> None:
+        """Fence the current transaction on your ``conn`` with this run's token (strict)."""
+        try:
+            fence(conn, self.job_key, self.token, schema=self._client.schema)
+        except StaleTokenError:
+            self._stale = True
+            raise
+
+    async def fence_async(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        try:
+            await fence_async(conn, self.job_key, self.token, schema=self._client.schema)
+        except StaleTokenError:
+            self._stale = True
+            raise
+
+    # -- worker side ------------------------------------------------------------------------
+
+    def _stop(self, reason: str) -> None:
+        if self._reason is None:
+            self._reason = reason
+        self._cancel.set()
+
+    def _call(self, coro: Coroutine[Any, Any, T], instead: str) -> T:
+        """Run a coroutine on the worker's loop from a sync job's thread and wait for it."""
+        if threading.get_ident() == self._loop_thread:
+            coro.close()
+            raise InvalidArgument(
+                f"this is the worker's event loop thread (an async job?): use `await {instead}`"
+            )
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()

@@ -1,0 +1,123 @@
+"""Running one claimed slot's job body: async bodies as tasks on the worker's loop (cancelled
+when the lease is lost), sync ones in a daemon thread each (``ctx.check()`` raises once the
+lease is lost). Daemon threads rather than a ThreadPoolExecutor: a sync job that ignores
+cancellation must not keep a stopping worker alive (executor threads are joined at exit)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import LeaseLost, StaleTokenError
+from ..leases._async.lease import AsyncLease
+from .claim import Claim
+from .context import JobContext
+from .spec import JobSpec
+
+log = logging.getLogger("tenure.scheduler")
+
+
+@dataclass(eq=False)
+class Run:
+    """A run in flight on this worker."""
+
+    spec: JobSpec
+    claim: Claim
+    slot: dt.datetime
+    kind: str
+    ctx: JobContext
+    lease: AsyncLease
+    task: asyncio.Task[None] | None = None
+    body: asyncio.Future[Any] | None = None
+    shutdown: bool = False
+
+
+async def execute(run: Run) -> tuple[str, str | None, float]:
+    """Run the job body under its lease (renewed every ttl/3); returns its outcome, the error
+    (None on success) and how long it took. Never raises for what the body did."""
+    loop = asyncio.get_running_loop()
+    key, token = run.claim.job_key, run.claim.token
+    extra = {"job": key, "token": token, "slot": run.slot.isoformat()}
+    began = loop.time()
+    outcome, error = "succeeded", None
+    lease, ctx = run.lease, run.ctx
+    log.debug("job %r slot %s starts with token %s", key, run.slot.isoformat(), token, extra=extra)
+    try:
+        if run.spec.is_async:
+            body: asyncio.Future[Any] = asyncio.ensure_future(run.spec.fn(ctx))
+            lease.keep(body)  # renew every ttl/3; cancel the body when the lease is lost
+        else:
+            lease.keep()  # renew every ttl/3; mark lost at the local deadline
+            body = in_thread(run.spec.fn, ctx, f"tenure-job-{key}")
+        run.body = body
+        await body
+        if ctx._stale:
+            outcome, error = "stale_rejected", "a fenced write was rejected (caught by the job)"
+        elif lease.lost:
+            outcome, error = "lease_lost", lease.lost_reason
+    except StaleTokenError as exc:
+        outcome, error = "stale_rejected", str(exc)
+    except LeaseLost as exc:
+        outcome = "cancelled" if run.shutdown and not lease.lost else "lease_lost"
+        error = str(exc)
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # this run task itself was cancelled: not expected, do not swallow
+        if lease.lost:
+            outcome, error = "lease_lost", f"cancelled: {lease.lost_reason}"
+        else:
+            outcome = "cancelled"
+            error = "the worker shut down before the run finished; the slot is handed over"
+    except Exception as exc:
+        if ctx._stale:
+            outcome = "stale_rejected"
+        elif lease.lost:
+            outcome = "lease_lost"
+        else:
+            outcome = "failed"
+        error = f"{type(exc).__name__}: {exc}"
+        if outcome == "failed":
+            log.warning(
+                "job %r slot %s failed: %s",
+                key,
+                run.slot.isoformat(),
+                error,
+                exc_info=exc,
+                extra=extra,
+            )
+    finally:
+        await lease.stop_keeping()
+    return outcome, error, loop.time() - began
+
+
+def in_thread(fn: Any, ctx: JobContext, name: str) -> asyncio.Future[Any]:
+    """Run ``fn(ctx)`` in a new daemon thread; the returned future gets its outcome."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def deliver(ok: bool, value: Any) -> None:
+        if future.done():
+            return  # cancelled at shutdown: nobody waits any more
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
+
+    def target() -> None:
+        try:
+            value = fn(ctx)
+        except BaseException as exc:
+            outcome: tuple[bool, Any] = (False, exc)
+        else:
+            outcome = (True, value)
+        with contextlib.suppress(RuntimeError):  # the loop is gone: the worker has exited
+            loop.call_soon_threadsafe(deliver, *outcome)
+
+    threading.Thread(target=target, name=name, daemon=True).start()
+    return future

@@ -1,0 +1,280 @@
+"""Operator actions on scheduled jobs, from any host: list, pause, resume, trigger, history.
+
+Each is one or two named statements (``db/sql/scheduler.sql``) on a sync :class:`~tenure.Client`,
+and each change notifies the workers (``NOTIFY``), so they act on it at once instead of at
+their next planned wake-up.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import InvalidArgument
+from ..validation import check_job_key
+from .schedules import Schedule, phase_of
+
+if TYPE_CHECKING:
+    from ..leases._sync.client import Client
+
+_US = dt.timedelta(microseconds=1)
+
+
+def channel_name(schema: str) -> str:
+    """The LISTEN/NOTIFY channel of a schema's scheduler (an identifier of at most 63 bytes)."""
+    name = f"tenure_jobs_{schema}"
+    if len(name.encode("utf-8")) > 63:
+        name = "tenure_jobs_" + hashlib.sha256(schema.encode("utf-8")).hexdigest()[:32]
+    return name
+
+
+def schedule_from_row(
+    job_key: str, cron: str | None, every: dt.timedelta | None, timezone: str
+) -> Schedule:
+    """The schedule stored in the database (already validated when it was registered)."""
+    if every is not None:
+        interval = every // _US
+        return Schedule(job_key, every_us=interval, phase_us=phase_of(job_key, interval))
+    return Schedule(job_key, cron=cron, timezone=timezone)
+
+
+@dataclass(frozen=True, slots=True)
+class JobStatus:
+    """One job as ``tenure jobs list`` shows it (database times)."""
+
+    job_key: str
+    schedule: str
+    ttl: dt.timedelta
+    misfire: str
+    misfire_grace: dt.timedelta | None
+    on_crash: str
+    revision: int
+    defined_at: dt.datetime
+    defined_by: str
+    paused: bool
+    next_slot: dt.datetime
+    running_slot: dt.datetime | None
+    running_token: int | None
+    trigger_pending: bool
+    token: int | None
+    lease_until: dt.datetime | None
+    held: bool
+    last_outcome: str | None
+    last_slot: dt.datetime | None
+    last_finished_at: dt.datetime | None
+    observed_at: dt.datetime
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "job": self.job_key,
+            "schedule": self.schedule,
+            "ttl": self.ttl.total_seconds(),
+            "misfire": self.misfire,
+            "misfire_grace": (
+                None if self.misfire_grace is None else self.misfire_grace.total_seconds()
+            ),
+            "on_crash": self.on_crash,
+            "revision": self.revision,
+            "defined_at": self.defined_at.isoformat(),
+            "defined_by": self.defined_by,
+            "paused": self.paused,
+            "next_slot": self.next_slot.isoformat(),
+            "running_slot": _iso(self.running_slot),
+            "running_token": self.running_token,
+            "trigger_pending": self.trigger_pending,
+            "token": self.token,
+            "held": self.held,
+            "lease_until": _iso(self.lease_until),
+            "last_outcome": self.last_outcome,
+            "last_slot": _iso(self.last_slot),
+            "last_finished_at": _iso(self.last_finished_at),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """One row of run history."""
+
+    run_id: int
+    job_key: str
+    slot: dt.datetime
+    kind: str
+    attempt: int
+    token: int
+    owner: uuid.UUID | None
+    worker_id: str
+    host: str
+    pid: int
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    outcome: str
+    error: str | None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "job": self.job_key,
+            "slot": self.slot.isoformat(),
+            "kind": self.kind,
+            "attempt": self.attempt,
+            "token": self.token,
+            "owner": None if self.owner is None else str(self.owner),
+            "worker": self.worker_id,
+            "host": self.host,
+            "pid": self.pid,
+            "started_at": _iso(self.started_at),
+            "finished_at": _iso(self.finished_at),
+            "outcome": self.outcome,
+            "error": self.error,
+        }
+
+
+def _iso(value: dt.datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def list_jobs(client: Client) -> list[JobStatus]:
+    rows = client._fetch("sched_list", {}, doing="listing scheduled jobs")
+    out = []
+    for row in rows:
+        (
+            key,
+            cron,
+            every,
+            tz,
+            ttl,
+            misfire,
+            grace,
+            on_crash,
+            revision,
+            defined_at,
+            defined_by,
+            paused,
+            next_slot,
+            running_slot,
+            running_token,
+            trigger_at,
+            token,
+            lease_until,
+            held,
+            last_outcome,
+            last_slot,
+            last_finished,
+            now,
+        ) = row
+        out.append(
+            JobStatus(
+                key,
+                schedule_from_row(key, cron, every, tz).describe(),
+                ttl,
+                misfire,
+                grace,
+                on_crash,
+                revision,
+                defined_at,
+                defined_by,
+                paused,
+                next_slot,
+                running_slot,
+                running_token,
+                trigger_at is not None,
+                token,
+                lease_until,
+                held,
+                last_outcome,
+                last_slot,
+                last_finished,
+                now,
+            )
+        )
+    return out
+
+
+def _require(rows: list[tuple[Any, ...]], job_key: str) -> tuple[Any, ...]:
+    if not rows:
+        raise InvalidArgument(
+            f"no scheduled job {job_key!r}; `tenure jobs list` shows the registered jobs "
+            "(a job is registered when a worker that defines it starts)"
+        )
+    return rows[0]
+
+
+def pause(client: Client, job_key: str, *, channel: str) -> bool:
+    """Pause ``job_key``: no new runs (a running one finishes). False if it already was."""
+    check_job_key(job_key)
+    row = _require(
+        client._fetch(
+            "sched_pause",
+            {"job_key": job_key, "channel": channel},
+            doing=f"pausing {job_key!r}",
+            wrote=True,
+        ),
+        job_key,
+    )
+    return bool(row[1])
+
+
+def resume(client: Client, job_key: str, *, channel: str) -> dt.datetime | None:
+    """Resume ``job_key`` from now on; returns its next slot, None if it was not paused.
+
+    Slots that passed while it was paused are not run (a pending trigger or an unfinished
+    run still is).
+    """
+    check_job_key(job_key)
+    for _ in range(5):
+        key, cron, every, tz, revision, paused, _next, _trigger, now = _require(
+            client._fetch("sched_get", {"job_key": job_key}, doing=f"reading {job_key!r}"),
+            job_key,
+        )
+        if not paused:
+            return None
+        first = schedule_from_row(key, cron, every, tz).next_after(now)
+        rows = client._fetch(
+            "sched_resume",
+            {"job_key": job_key, "next_slot": first, "revision": revision, "channel": channel},
+            doing=f"resuming {job_key!r}",
+            wrote=True,
+        )
+        if rows:
+            slot: dt.datetime = rows[0][0]
+            return slot
+        # The definition changed between the two statements: compute again.
+    raise InvalidArgument(f"job {job_key!r} keeps changing; try again")
+
+
+@dataclass(frozen=True, slots=True)
+class Triggered:
+    at: dt.datetime
+    already_pending: bool
+    paused: bool
+
+
+def trigger(client: Client, job_key: str, *, channel: str) -> Triggered:
+    """Ask for one run of ``job_key`` now (by any worker that has it)."""
+    check_job_key(job_key)
+    pending, triggered, paused, _ = _require(
+        client._fetch(
+            "sched_trigger",
+            {"job_key": job_key, "channel": channel},
+            doing=f"triggering {job_key!r}",
+            wrote=True,
+        ),
+        job_key,
+    )
+    return Triggered(triggered or pending, triggered is None, bool(paused))
+
+
+def history(client: Client, job_key: str, *, limit: int = 20) -> list[RunRecord]:
+    """The newest ``limit`` history rows of ``job_key``, newest first."""
+    check_job_key(job_key)
+    if limit < 1:
+        raise InvalidArgument(f"limit must be at least 1, got {limit}")
+    rows = client._fetch(
+        "sched_history",
+        {"job_key": job_key, "limit": limit},
+        doing=f"reading the history of {job_key!r}",
+    )
+    return [RunRecord(*row) for row in rows]

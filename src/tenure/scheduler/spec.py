@@ -1,0 +1,34 @@
+"""A job's registered definition: key, function, schedule and policies (validated)."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .schedules import Policy, Schedule
+
+if TYPE_CHECKING:
+    from .context import JobContext
+
+JobFunction = Callable[["JobContext"], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """One registered job: its key, function, schedule and policies (validated)."""
+
+    key: str
+    fn: JobFunction
+    schedule: Schedule
+    ttl: float
+    policy: Policy
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.fn)
+
+    @property
+    def qualname(self) -> str:
+        return f"{getattr(self.fn, '__module__', '?')}.{getattr(self.fn, '__qualname__', '?')}"

@@ -1,0 +1,580 @@
+"""The scheduler worker: one asyncio event loop that claims due jobs and runs them.
+
+Life of a run (statements in ``db/sql/scheduler.sql``):
+
+1. ``sched_claim`` (one statement per batch): due, unpaused jobs whose lease is free or
+   expired are locked with ``FOR UPDATE SKIP LOCKED`` and their leases taken over with
+   token + 1, as many as the worker has free capacity. The statement also says when to look
+   again (next due slot, or a live lease's expiry), so an idle worker costs one statement
+   per wake-up, however many jobs there are.
+2. :func:`~.schedules.plan` decides in Python, from the claim's database times only: retry
+   an unfinished slot, run the newest/oldest due slot (misfire policy), run a manual
+   trigger; and computes the following slot with cronsim.
+3. ``sched_start`` (one statement per batch) records the plan, fenced on the claim's token:
+   ``next_slot`` moves forward only, skipped slots get history rows, the run gets its row.
+4. The job runs with its lease renewed every ttl/3 (the core's :class:`AsyncLease`). Async
+   functions run as tasks on this loop (cancelled when the lease is lost); sync ones in a
+   daemon thread each (``ctx.check()`` raises and ``ctx.cancelled`` is set when it is lost).
+   Daemon threads rather than a ThreadPoolExecutor: a sync job that ignores cancellation
+   must not keep a stopping worker alive (executor threads are joined at interpreter exit).
+   ``concurrency`` bounds runs in flight, sync or async: the claim never takes more.
+5. ``sched_finish`` (one statement) records the outcome and releases the lease. A finished
+   slot (succeeded or failed with the lease intact) is never run again; a run that lost
+   its lease or was cancelled at shutdown leaves the slot to be retried, and peers are
+   notified so one of them takes it over at once.
+
+Wake-ups: the claim's "look again at" time, a ``LISTEN`` on a dedicated connection (schedule
+changes, pause/resume/trigger, handed-over slots), and the end of a local run. The longest
+sleep is :data:`MAX_IDLE`, a safety net for a lost notification.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import os
+import socket
+import threading
+import uuid
+from typing import TYPE_CHECKING
+
+from .. import metrics
+from .._acompat import monotonic
+from ..errors import DatabaseUnavailable, InvalidArgument, SchemaNotReady, TenureError
+from ..leases._async.client import AsyncClient, connect_async, default_margin
+from ..leases._async.lease import AsyncLease
+from ..leases.models import Grant
+from .background import listen, prune
+from .claim import Claim, start_params
+from .context import JobContext
+from .execution import Run, execute
+from .jobs import channel_name, schedule_from_row
+from .registration import register
+from .schedules import Plan, Schedule, plan
+
+if TYPE_CHECKING:
+    from .app import Scheduler
+    from .spec import JobSpec
+
+log = logging.getLogger("tenure.scheduler")
+
+#: Longest sleep without a notification.
+MAX_IDLE = 10.0
+#: Pause before claiming again when due jobs were left to a concurrent claimer.
+CONTENTION_BACKOFF = 0.02
+#: The schema version that has the scheduler's tables.
+SCHEMA_VERSION = 3
+
+
+class Worker:
+    """Runs one :class:`~tenure.Scheduler`'s jobs until asked to stop."""
+
+    def __init__(self, app: Scheduler, *, concurrency: int, shutdown_grace: float) -> None:
+        self.app = app
+        self.concurrency = concurrency
+        self.shutdown_grace = shutdown_grace
+        self.id = uuid.uuid4().hex[:12]
+        self.host = socket.gethostname()
+        self.pid = os.getpid()
+        self.channel = channel_name(app.schema)
+        self._client: AsyncClient | None = None
+        # Keyed by (job, token): a run that lost its lease may still be finishing when this
+        # same worker claims the job's retry.
+        self._running: dict[tuple[str, int], Run] = {}
+        #: Set once the worker has registered its jobs and claims (for embedding and tests).
+        self.ready = threading.Event()
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._cancel_now = False
+        self._signals = 0
+        self._exclude: set[str] = set()
+        self._warned: set[tuple[str, int]] = set()
+        self._schedules: dict[tuple[str, str | None, dt.timedelta | None, str], Schedule] = {}
+        self.runs = 0
+        self.handed_over = 0
+
+    @property
+    def label(self) -> str:
+        return f"worker {self.id} ({self.host} pid {self.pid})"
+
+    @property
+    def application_name(self) -> str:
+        """What pg_stat_activity shows for this worker's connections."""
+        return f"tenure worker {self.id}"
+
+    @property
+    def client(self) -> AsyncClient:
+        assert self._client is not None, "the worker is not running"
+        return self._client
+
+    # -- control ----------------------------------------------------------------------------
+
+    def on_signal(self, signum: int) -> None:
+        self._signals += 1
+        name = _signal_name(signum)
+        if self._signals == 1:
+            log.info(
+                "%s received: %s claims nothing more and gives %d running jobs up to %.1fs "
+                "to finish (send it again to cancel them now)",
+                name,
+                self.label,
+                len(self._running),
+                self.shutdown_grace,
+            )
+            self.request_stop(False)
+        else:
+            log.warning(
+                "%s received again: cancelling %d running jobs and handing their slots over",
+                name,
+                len(self._running),
+            )
+            self.request_stop(True)
+
+    def request_stop(self, cancel: bool = False) -> None:
+        self._stopping = True
+        if cancel:
+            self._cancel_now = True
+        self._wake.set()
+
+    # -- main -------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        app = self.app
+        if not app.jobs:
+            raise InvalidArgument("the app defines no jobs: decorate functions with @app.job(...)")
+        specs = list(app.jobs.values())
+        self._client = await connect_async(
+            app.dsn,
+            schema=app.schema,
+            pool_size=app.pool_size,
+            migrate=app.migrate,
+            application_name=self.application_name,
+        )
+        tasks: list[asyncio.Task[None]] = []
+        cancelled = False
+        try:
+            version = await self.client.schema_version()
+            if version is None or version < SCHEMA_VERSION:
+                raise SchemaNotReady(
+                    f"schema {app.schema!r} on {self.client.where} has no scheduler tables "
+                    f"(version {version}, need {SCHEMA_VERSION}); run `tenure migrate` or "
+                    "start the worker with --migrate"
+                )
+            await register(self.client, specs, defined_by=self.label)
+            listener = listen(
+                self.app.dsn,
+                self.channel,
+                self._wake,
+                application_name=self.application_name,
+                safety_net=MAX_IDLE,
+            )
+            pruner = prune(self.client, dt.timedelta(seconds=self.app.history_retention))
+            tasks.append(asyncio.create_task(listener, name="tenure-listen"))
+            tasks.append(asyncio.create_task(pruner, name="tenure-prune"))
+            log.info(
+                "tenure %s started: %d jobs, concurrency %d, schema %r on %s",
+                self.label,
+                len(specs),
+                self.concurrency,
+                app.schema,
+                self.client.where,
+                extra={"worker": self.id},
+            )
+            self.ready.set()
+            try:
+                await self._claim_loop()
+            except asyncio.CancelledError:
+                # Cancelling run_async() is an immediate stop: hand everything over, then
+                # let the cancellation through.
+                cancelled = True
+                self.request_stop(True)
+            await self._drain()
+            log.info(
+                "tenure %s stopped: %d jobs, %d runs, %d handed over",
+                self.label,
+                len(specs),
+                self.runs,
+                self.handed_over,
+                extra={"worker": self.id},
+            )
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await self.client.close()
+        if cancelled:
+            raise asyncio.CancelledError
+
+    async def _claim_loop(self) -> None:
+        failures = 0
+        while not self._stopping:
+            self._wake.clear()
+            free = self.concurrency - len(self._running)
+            delay = MAX_IDLE
+            if free > 0:
+                sent = monotonic()  # the lease's local deadline counts from here
+                try:
+                    rows = await self.client._fetch(
+                        "sched_claim",
+                        {"limit": free, "exclude": sorted(self._exclude)},
+                        doing="claiming due jobs",
+                        wrote=True,
+                    )
+                except TenureError as exc:
+                    failures += 1
+                    delay = min(0.25 * 2**failures, MAX_IDLE)
+                    log.warning("claiming due jobs failed, retrying in %.1fs: %s", delay, exc)
+                    await self._sleep_unless_stopping(delay)
+                    continue
+                failures = 0
+                claims = [Claim.from_row(row) for row in rows if row[0] is not None]
+                summary = next(row for row in rows if row[0] is None)
+                now, ready_at = summary[19], summary[20]
+                if claims:
+                    await self._start(claims, sent)
+                if len(claims) == free:
+                    continue  # maybe more is due; the next pass claims with what is left
+                if ready_at is not None:
+                    wait = (ready_at - now).total_seconds()
+                    delay = CONTENTION_BACKOFF if wait <= 0 else min(wait + 0.001, MAX_IDLE)
+            if self._stopping:
+                break
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self._wake.wait()
+
+    async def _sleep_unless_stopping(self, seconds: float) -> None:
+        end = asyncio.get_running_loop().time() + seconds
+        while not self._stopping:
+            left = end - asyncio.get_running_loop().time()
+            if left <= 0:
+                return
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await self._wake.wait()
+
+    # -- claim → plan → start -----------------------------------------------------------
+
+    def _schedule(self, claim: Claim) -> Schedule:
+        key = (claim.job_key, claim.cron, claim.every, claim.timezone)
+        schedule = self._schedules.get(key)
+        if schedule is None:
+            schedule = schedule_from_row(claim.job_key, claim.cron, claim.every, claim.timezone)
+            self._schedules[key] = schedule
+        return schedule
+
+    async def _start(self, claims: list[Claim], sent: float) -> None:
+        planned: list[tuple[Claim, JobSpec, Schedule, Plan]] = []
+        foreign: list[Claim] = []
+        for claim in claims:
+            metrics.emit(metrics.ACQUIRE, claim.job_key, "acquired")
+            spec = self.app.jobs.get(claim.job_key)
+            if spec is None:
+                foreign.append(claim)
+                continue
+            if claim.differs_from(spec) and (claim.job_key, claim.revision) not in self._warned:
+                self._warned.add((claim.job_key, claim.revision))
+                log.warning(
+                    "job %r: the database holds a different definition (revision %d: %s) "
+                    "than this worker's code (%s); following the database, where the newest "
+                    "registration wins. Restart this worker with the current code",
+                    claim.job_key,
+                    claim.revision,
+                    self._schedule(claim).describe(),
+                    spec.schedule.describe(),
+                    extra={"job": claim.job_key},
+                )
+            try:
+                decided = plan(
+                    self._schedule(claim), claim.policy(), claim.state, claim.now, claim.token
+                )
+            except (InvalidArgument, ValueError) as exc:
+                log.error(
+                    "job %r: its stored schedule cannot be used (%s); leaving it alone",
+                    claim.job_key,
+                    exc,
+                    extra={"job": claim.job_key},
+                )
+                foreign.append(claim)
+                continue
+            planned.append((claim, spec, self._schedule(claim), decided))
+        if foreign:
+            await self._unclaim(foreign)
+            for claim in foreign:
+                metrics.emit(metrics.RELEASE, claim.job_key, value=0.0)
+        if not planned:
+            return
+        try:
+            rows = await self.client._fetch(
+                "sched_start",
+                start_params(
+                    [(c, d) for c, _spec, _schedule, d in planned],
+                    worker=self.id,
+                    host=self.host,
+                    pid=self.pid,
+                ),
+                doing="starting runs",
+                wrote=True,
+            )
+        except TenureError as exc:
+            log.warning(
+                "recording %d claims failed; their leases expire and the slots are claimed "
+                "again: %s",
+                len(planned),
+                exc,
+            )
+            for claim, *_ in planned:
+                metrics.emit(metrics.RELEASE, claim.job_key, value=0.0)
+            return
+        started = {key: at for key, at in rows}
+        for claim, spec, schedule, decided in planned:
+            extra = {"job": claim.job_key, "token": claim.token}
+            if claim.job_key not in started:
+                log.warning(
+                    "job %r: claim with token %s was superseded before it started",
+                    claim.job_key,
+                    claim.token,
+                    extra=extra,
+                )
+                metrics.emit(metrics.RELEASE, claim.job_key, value=0.0)
+                continue
+            self._report_skipped(claim, decided)
+            if decided.run_slot is None:
+                metrics.emit(metrics.RELEASE, claim.job_key, value=0.0)
+                continue
+            self._launch(claim, spec, schedule, decided, started[claim.job_key], sent)
+
+    def _report_skipped(self, claim: Claim, decided: Plan) -> None:
+        if not decided.skipped:
+            return
+        for s in decided.skipped:
+            metrics.emit(metrics.JOB, claim.job_key, s.outcome)
+        missed = [s for s in decided.skipped if s.outcome == "misfire_skipped"]
+        abandoned = [s for s in decided.skipped if s.outcome == "abandoned"]
+        extra = {"job": claim.job_key, "token": claim.token}
+        if missed:
+            log.warning(
+                "job %r: %d missed slot(s) skipped (misfire=%r), %s .. %s",
+                claim.job_key,
+                len(missed),
+                claim.misfire,
+                missed[0].slot.isoformat(),
+                missed[-1].slot.isoformat(),
+                extra=extra,
+            )
+        for s in abandoned:
+            log.warning(
+                "job %r: slot %s abandoned: %s",
+                claim.job_key,
+                s.slot.isoformat(),
+                s.error,
+                extra=extra,
+            )
+
+    async def _unclaim(self, claims: list[Claim]) -> None:
+        for claim in claims:
+            if claim.job_key not in self._exclude:
+                log.warning(
+                    "job %r is scheduled in the database but this worker has no function for "
+                    "it; leaving it to workers that do",
+                    claim.job_key,
+                    extra={"job": claim.job_key},
+                )
+            self._exclude.add(claim.job_key)
+            metrics.emit(metrics.RELEASE, claim.job_key, value=0.0)
+        try:
+            await self.client._fetch(
+                "sched_unclaim",
+                {
+                    "keys": [c.job_key for c in claims],
+                    "tokens": [c.token for c in claims],
+                    "owners": [c.owner for c in claims],
+                },
+                doing="giving back claims",
+                wrote=True,
+            )
+        except TenureError as exc:
+            log.warning(
+                "giving back %d claims failed (they expire by themselves): %s", len(claims), exc
+            )
+
+    # -- running ----------------------------------------------------------------------------
+
+    def _launch(
+        self,
+        claim: Claim,
+        spec: JobSpec,
+        schedule: Schedule,
+        decided: Plan,
+        started_at: dt.datetime,
+        sent: float,
+    ) -> None:
+        assert decided.run_slot is not None and decided.run_kind is not None
+        ttl = claim.ttl.total_seconds()
+        lease = AsyncLease(
+            self.client,
+            claim.job_key,
+            claim.owner,
+            Grant(claim.token, claim.lease_until),
+            ttl=ttl,
+            safety_margin=default_margin(ttl),
+            sent_at=sent,
+        )
+        ctx = JobContext(
+            job_key=claim.job_key,
+            token=claim.token,
+            slot=schedule.local(decided.run_slot),
+            kind=decided.run_kind,
+            attempt=decided.attempt,
+            lease=lease,
+            client=self.client,
+            worker_id=self.id,
+        )
+        lease.on_lost(lambda lost: ctx._stop(lost.lost_reason or "the lease is lost"))
+        run = Run(spec, claim, decided.run_slot, decided.run_kind, ctx, lease)
+        if decided.run_kind == "scheduled":
+            metrics.emit(
+                metrics.JOB_LATENESS,
+                claim.job_key,
+                "scheduled",
+                (started_at - decided.run_slot).total_seconds(),
+            )
+        self._running[(claim.job_key, claim.token)] = run
+        run.task = asyncio.create_task(self._run(run), name=f"tenure-run-{claim.job_key}")
+
+    async def _run(self, run: Run) -> None:
+        outcome, error, duration = await execute(run)
+        await self._finish(run, outcome, error, duration)
+
+    async def _finish(self, run: Run, outcome: str, error: str | None, duration: float) -> None:
+        key, token = run.claim.job_key, run.claim.token
+        extra = {"job": key, "token": token, "slot": run.slot.isoformat()}
+        done = outcome in ("succeeded", "failed")
+        params = {
+            "job_key": key,
+            "token": token,
+            "owner": run.claim.owner,
+            "slot": run.slot,
+            "kind": run.kind,
+            "done": done,
+            "outcome": outcome,
+            "error": error,
+            "channel": self.channel,
+        }
+        recorded = outcome
+        for attempt in range(3):
+            try:
+                rows = await self.client._fetch(
+                    "sched_finish", params, doing=f"finishing {key!r}", wrote=True
+                )
+                matched, _released, recorded_outcome, current, _ = rows[0]
+                recorded = recorded_outcome or outcome
+                if not matched and outcome in ("succeeded", "failed"):
+                    log.warning(
+                        "job %r slot %s finished with token %s after the job was taken over "
+                        "(token %s): recorded as %s",
+                        key,
+                        run.slot.isoformat(),
+                        token,
+                        current,
+                        recorded,
+                        extra=extra,
+                    )
+                break
+            except DatabaseUnavailable as exc:
+                if attempt == 2:
+                    log.warning(
+                        "job %r: recording the end of slot %s failed (%s); its lease expires "
+                        "and the slot will be retried",
+                        key,
+                        run.slot.isoformat(),
+                        exc,
+                        extra=extra,
+                    )
+                else:
+                    await asyncio.sleep(0.5)
+            except TenureError as exc:
+                log.warning("job %r: recording the end of a run failed: %s", key, exc, extra=extra)
+                break
+        # A lease marked lost has already been counted out of tenure_leases_held.
+        counted_out = run.lease._lost_reason is not None  # without evaluating the deadline
+        run.lease.mark_released()
+        self.runs += 1
+        if not done:
+            self.handed_over += 1
+        if not counted_out:
+            metrics.emit(metrics.RELEASE, key, value=duration)
+        metrics.emit(metrics.JOB, key, recorded, duration)
+        extra["outcome"] = recorded
+        if recorded in ("lease_lost", "stale_rejected", "cancelled"):
+            log.warning(
+                "job %r slot %s token %s: %s (%s)",
+                key,
+                run.slot.isoformat(),
+                token,
+                recorded,
+                error,
+                extra=extra,
+            )
+        else:
+            log.debug(
+                "job %r slot %s token %s: %s in %.3fs",
+                key,
+                run.slot.isoformat(),
+                token,
+                recorded,
+                duration,
+                extra=extra,
+            )
+        self._running.pop((key, token), None)
+        self._wake.set()
+
+    async def _drain(self) -> None:
+        """Let running jobs finish within the grace, then cancel them and hand them over."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.shutdown_grace
+        if self._running and not self._cancel_now:
+            log.info(
+                "waiting up to %.1fs for %d running jobs", self.shutdown_grace, len(self._running)
+            )
+        while self._running and not self._cancel_now:
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await self._wake.wait()
+        runs = list(self._running.values())
+        for run in runs:
+            run.shutdown = True
+            run.ctx._stop("the worker is shutting down")
+            if run.body is not None:
+                run.body.cancel()  # a thread cannot be stopped: stop waiting for it
+        tasks = [run.task for run in runs if run.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=10.0)
+        if self.handed_over:
+            with contextlib.suppress(TenureError):
+                await self.client._fetch(
+                    "sched_notify",
+                    {"channel": self.channel, "payload": "stopped"},
+                    doing="notifying peers",
+                )
+
+
+def _signal_name(signum: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+__all__ = ["Worker", "register"]

@@ -1,0 +1,143 @@
+"""Scheduler apps that the scheduler tests run in real worker processes:
+
+    python -m tenure worker tests.support.scheduler_apps:many
+
+Configured by environment variables (the tests set them): TENURE_DSN / TENURE_SCHEMA as for
+every tenure command, SCHED_JOBS (how many jobs ``many`` has), SCHED_SLOW (seconds the
+``slow`` job works), SCHED_TTL (lease TTL of ``slow`` and ``long``).
+
+Every run writes a row to ``<schema>.evidence`` inside a transaction fenced with its token
+(``ctx.fence``), so the tests check what actually ran independently of the scheduler's own
+history, and a run whose token was superseded cannot add a row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+import tenure
+
+SCHEMA = os.environ.get("TENURE_SCHEMA", "tenure")
+DSN = os.environ.get("TENURE_DSN", "")
+NEVER = "0 0 1 1 *"  # once a year: runs only when triggered during a test
+
+EVIDENCE = """
+CREATE TABLE IF NOT EXISTS {schema}.evidence (
+    job_key text NOT NULL,
+    slot timestamptz NOT NULL,
+    token bigint NOT NULL,
+    kind text NOT NULL,
+    pid integer NOT NULL,
+    phase text NOT NULL,
+    wall timestamptz NOT NULL,  -- this process's own clock (skewed under libfaketime)
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
+)
+"""
+
+_lock = threading.Lock()
+_pool: ConnectionPool[psycopg.Connection[Any]] | None = None
+_apool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
+
+
+def _insert() -> sql.Composed:
+    return sql.SQL(
+        "INSERT INTO {}.evidence (job_key, slot, token, kind, pid, phase, wall) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s)"
+    ).format(sql.Identifier(SCHEMA))
+
+
+def _row(ctx: tenure.JobContext, phase: str) -> tuple[Any, ...]:
+    wall = dt.datetime.now(dt.UTC)
+    return (ctx.job_key, ctx.slot, ctx.token, ctx.kind, os.getpid(), phase, wall)
+
+
+def record(ctx: tenure.JobContext, phase: str = "ran") -> None:
+    """Write an evidence row in a transaction fenced with this run's token (sync jobs)."""
+    global _pool
+    with _lock:
+        if _pool is None:
+            _pool = ConnectionPool(DSN, min_size=1, max_size=2, open=True)
+    with _pool.connection() as conn, conn.transaction():
+        ctx.fence(conn)
+        conn.execute(_insert(), _row(ctx, phase))
+
+
+async def record_async(ctx: tenure.JobContext, phase: str = "ran") -> None:
+    global _apool
+    if _apool is None:
+        _apool = AsyncConnectionPool(DSN, min_size=1, max_size=2, open=False)
+        await _apool.open()
+    async with _apool.connection() as conn, conn.transaction():
+        await ctx.fence_async(conn)
+        await conn.execute(_insert(), _row(ctx, phase))
+
+
+# -- many: N jobs every second, half sync, half async ------------------------------------
+
+many = tenure.Scheduler(concurrency=8)
+
+
+def _tick(ctx: tenure.JobContext) -> None:
+    record(ctx)
+
+
+async def _atick(ctx: tenure.JobContext) -> None:
+    await asyncio.sleep(0)
+    await record_async(ctx)
+
+
+for _i in range(int(os.environ.get("SCHED_JOBS", "20"))):
+    many.add_job(f"tick-{_i:02d}", _atick if _i % 2 else _tick, every="1s", ttl="5s", misfire="all")
+many.add_job("manual", _tick, cron=NEVER, ttl="5s")
+
+
+# -- slow: one job that works SCHED_SLOW seconds, then stores its result (fenced) ---------
+
+slow = tenure.Scheduler()
+_TTL = os.environ.get("SCHED_TTL", "1.5s")
+
+
+@slow.job("slow", cron=NEVER, ttl=_TTL)
+def slow_job(ctx: tenure.JobContext) -> None:
+    record(ctx, "started")
+    # time.sleep, not ctx.wait: the run must carry on after a pause and try its write, which
+    # the fence then rejects.
+    time.sleep(float(os.environ.get("SCHED_SLOW", "3")))
+    try:
+        ctx.results.put({"pid": os.getpid(), "token": ctx.token})
+    except tenure.StaleTokenError as exc:
+        print(f"result write rejected: token {exc.token}", file=sys.stderr, flush=True)
+        raise
+    print(f"result write accepted: token {ctx.token}", file=sys.stderr, flush=True)
+    record(ctx, "finished")
+
+
+# -- long: runs until cancelled (sync and async), for graceful shutdown ---------------------
+
+long = tenure.Scheduler()
+
+
+@long.job("long-sync", cron=NEVER, ttl="30s")
+def long_sync(ctx: tenure.JobContext) -> None:
+    record(ctx, "started")
+    work = float(os.environ.get("SCHED_SLOW", "60"))
+    if ctx.wait(work):
+        ctx.check()  # raises LeaseLost: the worker is shutting down
+    record(ctx, "finished")
+
+
+@long.job("long-async", cron=NEVER, ttl="30s")
+async def long_async(ctx: tenure.JobContext) -> None:
+    await record_async(ctx, "started")
+    await asyncio.sleep(float(os.environ.get("SCHED_SLOW", "60")))
+    await record_async(ctx, "finished")
