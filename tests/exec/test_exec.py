@@ -47,11 +47,22 @@ def _finish(proc: subprocess.Popen[str], timeout: float = PATIENCE) -> tuple[int
     return proc.returncode, out, err
 
 
-def _wait_for(check: Callable[[], object], what: str, timeout: float = PATIENCE) -> None:
+def _wait_for(
+    check: Callable[[], object],
+    what: str,
+    timeout: float = PATIENCE,
+    proc: subprocess.Popen[str] | None = None,
+) -> None:
+    """Poll ``check``; with ``proc``, fail at once (with its output) if it exits first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if check():
             return
+        if proc is not None and proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(
+                f"tenure exec exited {proc.returncode} before {what}: stdout={out!r} stderr={err!r}"
+            )
         time.sleep(0.02)
     raise AssertionError(f"timed out waiting for {what}")
 
@@ -216,7 +227,9 @@ def test_paused_holder_and_command_cannot_store_their_result(
         ["--key", "job", "--ttl", "1s", "--grace", "20s", "--", "sh", "-c", script_a], env
     )
     reap.append(first)
-    _wait_for(lambda: (d / "a_token").exists() and pidfile.read_text().strip(), "A to start")
+    _wait_for(
+        lambda: (d / "a_token").exists() and pidfile.read_text().strip(), "A to start", proc=first
+    )
     token_a = int((d / "a_token").read_text())
     group_a = int(pidfile.read_text())
     os.kill(first.pid, signal.SIGSTOP)
