@@ -126,10 +126,8 @@ def test_a_tcp_proxy_is_not_taken_for_a_pooler(dsn: str, migrated: str) -> None:
 
 
 def _pgbouncer_available() -> bool:
-    try:
-        from .servers import pgbouncer_binary
-    except ImportError:
-        return False
+    from tests.support.servers import pgbouncer_binary
+
     return pgbouncer_binary() is not None
 
 
@@ -142,7 +140,7 @@ def bouncer_factory(dsn: str) -> Iterator[Any]:
         )
     from psycopg.conninfo import conninfo_to_dict
 
-    from .servers import PgBouncer
+    from tests.support.servers import PgBouncer
 
     params = conninfo_to_dict(dsn)
     if str(params.get("host", "127.0.0.1")) not in ("127.0.0.1", "localhost"):
