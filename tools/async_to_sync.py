@@ -131,6 +131,7 @@ RENAMES: dict[str, str] = {
     "AsyncLease": "Lease",
     "AsyncLeaseContext": "LeaseContext",
     "AsyncResults": "Results",
+    "AsyncReleaseWaiter": "ReleaseWaiter",
     "connect_async": "connect",
     "fence_async": "fence",
     "enqueue_async": "enqueue",

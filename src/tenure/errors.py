@@ -63,14 +63,22 @@ class LeaseError(TenureError):
 
 
 class LeaseBusy(LeaseError):
-    """Another execution holds the lease."""
+    """Another execution holds the lease. ``retry_after``: seconds until it expires by the
+    database clock, unless renewed (None when unknown)."""
 
     def __init__(
-        self, job_key: str, token: int | None, expires_at: dt.datetime | None, detail: str = ""
+        self,
+        job_key: str,
+        token: int | None,
+        expires_at: dt.datetime | None,
+        detail: str = "",
+        *,
+        retry_after: float | None = None,
     ) -> None:
         self.job_key = job_key
         self.token = token
         self.expires_at = expires_at
+        self.retry_after = retry_after
         holder = (
             f"token {token}, expires {expires_at.isoformat()} (database clock)"
             if token is not None and expires_at is not None

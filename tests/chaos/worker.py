@@ -290,7 +290,12 @@ class Worker:
             # which the lease ended, which the checker needs.
             rows = self.client._fetch(
                 "release",
-                {"job_key": lease.job_key, "owner": lease.owner, "token": lease.token},
+                {
+                    "job_key": lease.job_key,
+                    "owner": lease.owner,
+                    "token": lease.token,
+                    "channel": self.client.lease_channel,
+                },
                 doing=f"releasing {lease.job_key!r}",
                 wrote=True,
             )

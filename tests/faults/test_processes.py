@@ -98,7 +98,9 @@ def _sigstop_scenario(client: tenure.Client, holder: subprocess.Popen[str]) -> N
 def test_sigkill_holder_restart_is_a_new_owner(
     client: tenure.Client, dsn: str, schema: str
 ) -> None:
-    with _start("hold", dsn, schema, "job", "1") as holder:
+    # TTL 3 s: the restarted process must start while the old lease is still live, which a
+    # loaded 2-core machine does not always manage within 1 s.
+    with _start("hold", dsn, schema, "job", "3") as holder:
         first = _line(holder)
         os.kill(holder.pid, signal.SIGKILL)
     # The restarted executor is a new owner: it cannot renew the old lease, even knowing

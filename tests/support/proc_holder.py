@@ -138,7 +138,12 @@ def contend(client: tenure.Client, key: str, seconds: float) -> None:
             # Release early (as a finished job does); record when, by the database clock.
             released = client._fetch(
                 "release",
-                {"job_key": key, "owner": lease.owner, "token": lease.token},
+                {
+                    "job_key": key,
+                    "owner": lease.owner,
+                    "token": lease.token,
+                    "channel": client.lease_channel,
+                },
                 doing="release",
             )
             if released:

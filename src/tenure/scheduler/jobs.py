@@ -8,11 +8,11 @@ their next planned wake-up.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..db import channels
 from ..errors import InvalidArgument
 from ..validation import check_job_key
 from .schedules import Schedule, phase_of
@@ -25,10 +25,7 @@ _US = dt.timedelta(microseconds=1)
 
 def channel_name(schema: str) -> str:
     """The LISTEN/NOTIFY channel of a schema's scheduler (an identifier of at most 63 bytes)."""
-    name = f"tenure_jobs_{schema}"
-    if len(name.encode("utf-8")) > 63:
-        name = "tenure_jobs_" + hashlib.sha256(schema.encode("utf-8")).hexdigest()[:32]
-    return name
+    return channels.channel_name("tenure_jobs", schema)
 
 
 def schedule_from_row(

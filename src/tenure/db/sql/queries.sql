@@ -40,10 +40,10 @@ WITH cur AS MATERIALIZED (
     SELECT job_key, fencing_token FROM taken
     ON CONFLICT (job_key) DO UPDATE SET token = excluded.token
 )
-SELECT true AS acquired, t.fencing_token, t.lease_until, t.acquired_at
+SELECT true AS acquired, t.fencing_token, t.lease_until, t.acquired_at, clock_timestamp() AS now
 FROM taken AS t
 UNION ALL
-SELECT false, c.fencing_token, c.lease_until, NULL
+SELECT false, c.fencing_token, c.lease_until, NULL, clock_timestamp()
 FROM cur AS c
 WHERE NOT EXISTS (SELECT 1 FROM taken);
 
@@ -71,18 +71,28 @@ RETURNING l.lease_until;
 
 -- name: release
 -- Expire our own lease now (an immediate takeover is possible); the row and token stay.
-UPDATE {schema}.job_leases
-SET lease_until = clock_timestamp()
-WHERE job_key = %(job_key)s AND lease_owner = %(owner)s AND fencing_token = %(token)s
-  AND lease_until >= clock_timestamp()
-RETURNING fencing_token, lease_until;
+-- Waiters (client.lease(wait=...), tenure exec --wait) LISTEN on the schema's lease channel:
+-- the notification, sent at commit and only when a lease was released, wakes them at once.
+WITH released AS (
+    UPDATE {schema}.job_leases
+    SET lease_until = clock_timestamp()
+    WHERE job_key = %(job_key)s AND lease_owner = %(owner)s AND fencing_token = %(token)s
+      AND lease_until >= clock_timestamp()
+    RETURNING fencing_token, lease_until
+)
+SELECT fencing_token, lease_until, pg_notify(%(channel)s, %(job_key)s)
+FROM released;
 
 -- name: force_release
 -- Operator action: expire whatever lease is live on the key. The holder's writes stay fenced.
-UPDATE {schema}.job_leases
-SET lease_until = clock_timestamp()
-WHERE job_key = %(job_key)s AND lease_until >= clock_timestamp()
-RETURNING fencing_token, lease_owner;
+WITH released AS (
+    UPDATE {schema}.job_leases
+    SET lease_until = clock_timestamp()
+    WHERE job_key = %(job_key)s AND lease_until >= clock_timestamp()
+    RETURNING fencing_token, lease_owner
+)
+SELECT fencing_token, lease_owner, pg_notify(%(channel)s, %(job_key)s)
+FROM released;
 
 -- name: inspect
 SELECT job_key, lease_owner, fencing_token, lease_until, lease_ttl, acquired_at, renewed_at,

@@ -15,6 +15,7 @@ from psycopg_pool import AsyncConnectionPool
 from ... import metrics
 from ..._acompat import monotonic
 from ...db import migrations
+from ...db.channels import lease_channel
 from ...db.dsn import describe, resolve
 from ...db.queries import compose, queries
 from ...db.timeouts import (
@@ -38,6 +39,7 @@ from ...validation import Duration, check_job_key, check_schema, check_ttl, pars
 from ..models import Grant, LeaseInfo
 from .lease import AsyncLease, AsyncLeaseContext
 from .results import AsyncResults
+from .waiter import AsyncReleaseWaiter
 
 log = logging.getLogger("tenure.client")
 
@@ -60,6 +62,8 @@ class AsyncClient:
         self.where = where
         self._queries = queries(schema)
         self.results = AsyncResults(self)
+        #: Where releases are announced, for waiters (see :class:`AsyncReleaseWaiter`).
+        self.lease_channel = lease_channel(schema)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.where} schema={self.schema!r}>"
@@ -102,6 +106,13 @@ class AsyncClient:
             await self._pool.check()
         except psycopg.Error:  # the server is still away: the next call reconnects
             log.debug("checking pooled connections failed", exc_info=True)
+
+    async def _release_waiter(self, job_key: str) -> AsyncReleaseWaiter:
+        """A waiter that wakes when ``job_key``'s lease is released (see :mod:`.waiter`)."""
+        conninfo, kwargs = self._pool.conninfo, self._pool.kwargs
+        if not isinstance(conninfo, str) or not isinstance(kwargs, dict):
+            return AsyncReleaseWaiter(None, job_key)  # a pool we did not build: poll
+        return await AsyncReleaseWaiter.start(conninfo, kwargs, self.lease_channel, job_key)
 
     # -- schema -----------------------------------------------------------------------------
 
@@ -201,7 +212,7 @@ class AsyncClient:
             metrics.emit(metrics.ACQUIRE, job_key, "error")
             raise
         if rows and rows[0][0]:
-            _, token, expires_at, acquired_at = rows[0]
+            _, token, expires_at, acquired_at, _ = rows[0]
             metrics.emit(metrics.ACQUIRE, job_key, "acquired")
             if log.isEnabledFor(logging.INFO):
                 log.info(
@@ -222,7 +233,10 @@ class AsyncClient:
             )
         metrics.emit(metrics.ACQUIRE, job_key, "busy")
         if rows:
-            return LeaseBusy(job_key, rows[0][1], rows[0][2])
+            _, token, expires_at, _, now = rows[0]
+            return LeaseBusy(
+                job_key, token, expires_at, retry_after=(expires_at - now).total_seconds()
+            )
         # A concurrent first acquire of this key won the race: our statement's snapshot
         # predates its row. One more (rare) statement names the winner.
         info = await self.inspect(job_key)
@@ -280,7 +294,10 @@ class AsyncClient:
         """
         check_job_key(job_key)
         rows = await self._fetch(
-            "force_release", {"job_key": job_key}, doing=f"releasing {job_key!r}", wrote=True
+            "force_release",
+            {"job_key": job_key, "channel": self.lease_channel},
+            doing=f"releasing {job_key!r}",
+            wrote=True,
         )
         if not rows:
             return None

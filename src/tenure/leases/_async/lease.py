@@ -26,7 +26,6 @@ from ..._acompat import (
     current_task,
     join,
     monotonic,
-    sleep,
     spawn,
     uncancel,
     wait_event,
@@ -191,7 +190,12 @@ class AsyncLease:
             return False
         rows = await self._client._fetch(
             "release",
-            {"job_key": self.job_key, "owner": self.owner, "token": self.token},
+            {
+                "job_key": self.job_key,
+                "owner": self.owner,
+                "token": self.token,
+                "channel": self._client.lease_channel,
+            },
             doing=f"releasing lease {self.job_key!r}",
             wrote=True,
         )
@@ -290,16 +294,24 @@ class AsyncLeaseContext:
 
     async def __aenter__(self) -> AsyncLease:
         deadline = monotonic() + (self._wait or 0.0)
-        delay = 0.05
-        while True:
-            outcome = await self._client._attempt(self._job_key, self._ttl, self._margin)
-            if isinstance(outcome, AsyncLease):
-                break
-            left = deadline - monotonic()
-            if left <= 0:
-                raise outcome
-            await sleep(min(delay, left))
-            delay = min(delay * 2, 0.5)
+        waiter = None
+        try:
+            while True:
+                outcome = await self._client._attempt(self._job_key, self._ttl, self._margin)
+                if isinstance(outcome, AsyncLease):
+                    break
+                left = deadline - monotonic()
+                if left <= 0:
+                    raise outcome
+                if waiter is None:
+                    # Listen first, then ask again: a release between the busy answer and
+                    # the LISTEN would otherwise go unnoticed until the lease's expiry.
+                    waiter = await self._client._release_waiter(self._job_key)
+                    continue
+                await waiter.wait(min(left, waiter.pause(outcome.retry_after)))
+        finally:
+            if waiter is not None:
+                await waiter.close()
         outcome.keep(current_task())
         self._lease = outcome
         return outcome

@@ -18,6 +18,7 @@ from psycopg_pool import ConnectionPool
 from ... import metrics
 from ..._compat import monotonic
 from ...db import migrations
+from ...db.channels import lease_channel
 from ...db.dsn import describe, resolve
 from ...db.queries import compose, queries
 from ...db.timeouts import (
@@ -41,6 +42,7 @@ from ...validation import Duration, check_job_key, check_schema, check_ttl, pars
 from ..models import Grant, LeaseInfo
 from .lease import Lease, LeaseContext
 from .results import Results
+from .waiter import ReleaseWaiter
 
 log = logging.getLogger("tenure.client")
 DEFAULT_TTL = 30.0
@@ -60,6 +62,7 @@ class Client:
         self.where = where
         self._queries = queries(schema)
         self.results = Results(self)
+        self.lease_channel = lease_channel(schema)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.where} schema={self.schema!r}>"
@@ -100,6 +103,13 @@ class Client:
             self._pool.check()
         except psycopg.Error:
             log.debug("checking pooled connections failed", exc_info=True)
+
+    def _release_waiter(self, job_key: str) -> ReleaseWaiter:
+        """A waiter that wakes when ``job_key``'s lease is released (see :mod:`.waiter`)."""
+        conninfo, kwargs = (self._pool.conninfo, self._pool.kwargs)
+        if not isinstance(conninfo, str) or not isinstance(kwargs, dict):
+            return ReleaseWaiter(None, job_key)
+        return ReleaseWaiter.start(conninfo, kwargs, self.lease_channel, job_key)
 
     def migrate(self) -> list[int]:
         """Apply pending migrations under an advisory lock; returns the versions applied.
@@ -192,7 +202,7 @@ class Client:
             metrics.emit(metrics.ACQUIRE, job_key, "error")
             raise
         if rows and rows[0][0]:
-            _, token, expires_at, acquired_at = rows[0]
+            _, token, expires_at, acquired_at, _ = rows[0]
             metrics.emit(metrics.ACQUIRE, job_key, "acquired")
             if log.isEnabledFor(logging.INFO):
                 log.info(
@@ -213,7 +223,10 @@ class Client:
             )
         metrics.emit(metrics.ACQUIRE, job_key, "busy")
         if rows:
-            return LeaseBusy(job_key, rows[0][1], rows[0][2])
+            _, token, expires_at, _, now = rows[0]
+            return LeaseBusy(
+                job_key, token, expires_at, retry_after=(expires_at - now).total_seconds()
+            )
         info = self.inspect(job_key)
         if info is None:
             return LeaseBusy(job_key, None, None)
@@ -267,7 +280,10 @@ class Client:
         """
         check_job_key(job_key)
         rows = self._fetch(
-            "force_release", {"job_key": job_key}, doing=f"releasing {job_key!r}", wrote=True
+            "force_release",
+            {"job_key": job_key, "channel": self.lease_channel},
+            doing=f"releasing {job_key!r}",
+            wrote=True,
         )
         if not rows:
             return None

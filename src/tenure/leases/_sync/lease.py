@@ -29,7 +29,6 @@ from ..._compat import (
     current_task,
     join,
     monotonic,
-    sleep,
     spawn,
     uncancel,
     wait_event,
@@ -191,7 +190,12 @@ class Lease:
             return False
         rows = self._client._fetch(
             "release",
-            {"job_key": self.job_key, "owner": self.owner, "token": self.token},
+            {
+                "job_key": self.job_key,
+                "owner": self.owner,
+                "token": self.token,
+                "channel": self._client.lease_channel,
+            },
             doing=f"releasing lease {self.job_key!r}",
             wrote=True,
         )
@@ -288,16 +292,22 @@ class LeaseContext:
 
     def __enter__(self) -> Lease:
         deadline = monotonic() + (self._wait or 0.0)
-        delay = 0.05
-        while True:
-            outcome = self._client._attempt(self._job_key, self._ttl, self._margin)
-            if isinstance(outcome, Lease):
-                break
-            left = deadline - monotonic()
-            if left <= 0:
-                raise outcome
-            sleep(min(delay, left))
-            delay = min(delay * 2, 0.5)
+        waiter = None
+        try:
+            while True:
+                outcome = self._client._attempt(self._job_key, self._ttl, self._margin)
+                if isinstance(outcome, Lease):
+                    break
+                left = deadline - monotonic()
+                if left <= 0:
+                    raise outcome
+                if waiter is None:
+                    waiter = self._client._release_waiter(self._job_key)
+                    continue
+                waiter.wait(min(left, waiter.pause(outcome.retry_after)))
+        finally:
+            if waiter is not None:
+                waiter.close()
         outcome.keep(current_task())
         self._lease = outcome
         return outcome
