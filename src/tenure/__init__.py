@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from .leases._async.lease import AsyncLease, AsyncLeaseContext
     from .leases._async.results import AsyncResults
     from .outbox import inbox
+    from .contrib.once import OnceContext, once
     from .scheduler import JobContext, Scheduler
 
 # Imported on first use, so that `tenure exec` in a crontab does not pay for asyncio, the
@@ -51,6 +52,8 @@ _LAZY = {
     "AsyncLeaseContext": ".leases._async.lease",
     "AsyncResults": ".leases._async.results",
     "JobContext": ".scheduler",
+    "OnceContext": ".contrib.once",
+    "once": ".contrib.once",
     "Scheduler": ".scheduler",
     "inbox": ".outbox.inbox",
     "outbox": ".outbox",
@@ -91,6 +94,7 @@ __all__ = [
     "LeaseError",
     "LeaseInfo",
     "LeaseLost",
+    "OnceContext",
     "Result",
     "Results",
     "Scheduler",
@@ -105,6 +109,7 @@ __all__ = [
     "fence_async",
     "inbox",
     "metrics",
+    "once",
     "outbox",
     "parse_duration",
 ]

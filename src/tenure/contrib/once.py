@@ -1,0 +1,311 @@
+"""``@tenure.once``: guard a function that a scheduler you keep (APScheduler, Celery beat, a
+cron-like loop in every web worker) calls in several processes, so it runs at most once per
+slot across all of them.
+
+::
+
+    @tenure.once("sync-invoices", every="5m", ttl="30s")
+    def sync_invoices() -> None: ...
+
+    scheduler.add_job(sync_invoices, "interval", minutes=5)   # in each of 4 processes
+
+Each call: (1) names its slot by the database clock (``every``: rounded to the nearest
+multiple of the period; ``cron``: the nearest tick), the same rules as ``tenure exec
+--every``/``--slot``, and returns at once if that slot already completed; (2) takes the
+job's lease, or returns at once if another process holds it; (3) checks the slot again
+under the lease, runs the function while the lease is renewed in the background, and marks
+the slot done in a transaction fenced by the token. A call that does not run returns
+``None`` and emits a ``job_run`` metric event with outcome ``busy`` or ``already_done``.
+
+A function that fails leaves its slot open: the next call in the same slot runs it again.
+If the lease is lost while the function runs, the call raises :class:`~tenure.LeaseLost`
+(the slot is not marked done). With ``pass_context=True`` the function receives a
+:class:`OnceContext` first: its token, ``check()``, ``fence(conn)`` and the fenced
+``results.put``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import inspect
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .. import metrics
+from .._sync.fencing import fence
+from ..errors import InvalidArgument, LeaseBusy, StaleTokenError, TenureError
+from ..models import Result
+from ..slots import check_period, format_slot, nearest_tick, record_slot, slot_state
+from ..validation import Duration, check_job_key, check_schema, check_ttl, parse_duration
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from .._sync.client import Client
+    from .._sync.lease import Lease
+    from ..scheduling.schedules import Schedule
+
+log = logging.getLogger("tenure.once")
+
+R = TypeVar("R")
+
+DEFAULT_TTL = "30s"
+
+
+class OnceResults:
+    """``ctx.results``: the job's result store, written inside a strict fence."""
+
+    def __init__(self, ctx: OnceContext) -> None:
+        self._ctx = ctx
+
+    def put(self, payload: Any) -> Result:
+        """Store ``payload`` (JSON) as the job's result; rejected with
+        :class:`~tenure.StaleTokenError` once another process has taken the job over."""
+        ctx = self._ctx
+        client = ctx.client
+        with client._pool.connection() as conn, conn.transaction():
+            fence(conn, ctx.job_key, ctx.token, schema=client.schema)
+            return client.results.put(ctx.job_key, payload, token=ctx.token, conn=conn)
+
+    def get(self) -> Result | None:
+        return self._ctx.client.results.get(self._ctx.job_key)
+
+
+class OnceContext:
+    """What a ``pass_context=True`` function receives: ``job_key``, ``token`` (this run's
+    fencing token), ``slot`` (its name, e.g. ``"2026-12-01T14:05:00Z"``), ``lease`` (renewed in
+    the background), ``check()`` (raises :class:`~tenure.LeaseLost` once the lease is lost),
+    ``fence(conn)`` (fence your transaction with the token) and ``results``."""
+
+    def __init__(self, *, job_key: str, token: int, slot: str, lease: Lease, client: Client):
+        self.job_key = job_key
+        self.token = token
+        self.slot = slot
+        self.lease = lease
+        self.client = client
+        self.results = OnceResults(self)
+
+    def __repr__(self) -> str:
+        return f"<OnceContext {self.job_key!r} slot={self.slot} token={self.token}>"
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the lease is lost: stop working, nothing more will be accepted."""
+        return self.lease.lost
+
+    def check(self) -> None:
+        self.lease.check()
+
+    def fence(self, conn: psycopg.Connection[Any]) -> None:
+        """Fence the current transaction on your ``conn`` with this run's token (strict)."""
+        fence(conn, self.job_key, self.token, schema=self.client.schema)
+
+
+class _Guard:
+    """One decorated function's settings and the per-process client it uses."""
+
+    def __init__(
+        self,
+        key: str,
+        *,
+        every: int | None,
+        schedule: Schedule | None,
+        ttl: float,
+        dsn: str | None,
+        schema: str,
+        client: Client | None,
+    ) -> None:
+        self.key = key
+        self.every = every
+        self.schedule = schedule
+        self.ttl = ttl
+        self.dsn = dsn
+        self.schema = schema
+        self.client = client
+
+    def _client(self) -> Client:
+        return self.client if self.client is not None else _shared_client(self.dsn, self.schema)
+
+    def call(self, fn: Callable[..., R], pass_context: bool, args: Any, kwargs: Any) -> R | None:
+        client = self._client()
+        if self.schedule is not None:
+            tick = nearest_tick(self.schedule, client.now())
+            state = slot_state(client, self.key, format_slot(tick), None)
+        else:
+            state = slot_state(client, self.key, None, self.every)
+        extra: dict[str, Any] = {"job": self.key, "slot": state.slot}
+        if state.done:
+            self._skip("already_done", f"slot {state.slot} already done", extra)
+            return None
+        try:
+            with client.lease(self.key, ttl=self.ttl) as lease:
+                extra["token"] = lease.token
+                # Again under the lease, in a new statement: a run that completed the slot
+                # while our takeover waited for its fenced transaction is visible now.
+                if slot_state(client, self.key, state.slot, None).done:
+                    self._skip("already_done", f"slot {state.slot} already done", extra)
+                    return None
+                return self._run(client, lease, state.slot, fn, pass_context, args, kwargs, extra)
+        except LeaseBusy as busy:
+            self._skip("busy", f"held by another process ({busy})", extra)
+            return None
+
+    def _skip(self, outcome: str, why: str, extra: dict[str, Any]) -> None:
+        metrics.emit(metrics.JOB, self.key, outcome)
+        log.debug("%r not run for slot %s: %s", self.key, extra["slot"], why, extra=extra)
+
+    def _run(
+        self,
+        client: Client,
+        lease: Lease,
+        slot: str,
+        fn: Callable[..., R],
+        pass_context: bool,
+        args: Any,
+        kwargs: Any,
+        extra: dict[str, Any],
+    ) -> R:
+        started = time.monotonic()
+        if pass_context:
+            ctx = OnceContext(
+                job_key=self.key, token=lease.token, slot=slot, lease=lease, client=client
+            )
+            args = (ctx, *args)
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException:
+            outcome = "lease_lost" if lease.lost else "failed"
+            metrics.emit(metrics.JOB, self.key, outcome, time.monotonic() - started)
+            raise
+        if lease.lost:
+            metrics.emit(metrics.JOB, self.key, "lease_lost", time.monotonic() - started)
+            log.warning(
+                "%r lost its lease (token %s) while running slot %s; the slot is not marked "
+                "done and may run again",
+                self.key,
+                lease.token,
+                slot,
+                extra=extra,
+            )
+            lease.check()  # raises LeaseLost
+        try:
+            record_slot(client, lease, slot)
+        except StaleTokenError:
+            log.warning(
+                "%r ran slot %s but lost its lease (token %s) before marking it done; the "
+                "slot may run again",
+                self.key,
+                slot,
+                lease.token,
+                extra=extra,
+            )
+        except TenureError as exc:
+            log.warning("%r ran slot %s but could not mark it done: %s", self.key, slot, exc)
+        metrics.emit(metrics.JOB, self.key, "succeeded", time.monotonic() - started)
+        log.info("%r ran slot %s with token %s", self.key, slot, lease.token, extra=extra)
+        return result
+
+
+def once(
+    key: str,
+    *,
+    every: Duration | None = None,
+    cron: str | None = None,
+    timezone: str | None = None,
+    ttl: Duration = DEFAULT_TTL,
+    dsn: str | None = None,
+    schema: str = "tenure",
+    client: Client | None = None,
+    pass_context: bool = False,
+) -> Callable[[Callable[..., R]], Callable[..., R | None]]:
+    """Decorator: run the function at most once per slot across every process calling it.
+
+    ``every`` (a whole number of seconds, at least 1s: "5m") or ``cron`` (five fields, in
+    ``timezone``, default UTC) names the slot; give exactly one. ``ttl``: the lease TTL,
+    renewed every ttl/3 while the function runs. ``dsn``/``schema``: as in
+    :func:`tenure.connect` (each process opens one small pool on first call); or pass your
+    own ``client``. A call that does not run (slot done, or another process is running it)
+    returns ``None``. ``pass_context``: pass an :class:`OnceContext` as first argument.
+    """
+    check_job_key(key)
+    check_schema(schema)
+    ttl_s = check_ttl(ttl)
+    if (every is None) == (cron is None):
+        raise InvalidArgument(f"once {key!r}: give exactly one of every='5m' or cron='*/5 * * * *'")
+    period: int | None = None
+    schedule: Schedule | None = None
+    if every is not None:
+        if timezone is not None:
+            raise InvalidArgument(f"once {key!r}: timezone applies to cron= only")
+        period = check_period(parse_duration(every, what=f"once {key!r}: every"))
+    else:
+        from ..scheduling.schedules import Schedule
+
+        schedule = Schedule.build(key, cron=cron, timezone=timezone)
+    guard = _Guard(
+        key, every=period, schedule=schedule, ttl=ttl_s, dsn=dsn, schema=schema, client=client
+    )
+
+    def decorate(fn: Callable[..., R]) -> Callable[..., R | None]:
+        if not callable(fn):
+            raise InvalidArgument(f"once {key!r}: {fn!r} is not callable; decorate a function")
+        if inspect.iscoroutinefunction(fn):
+            raise InvalidArgument(
+                f"once {key!r}: {fn.__qualname__} is a coroutine function; @tenure.once guards "
+                "synchronous functions. In asyncio, run a tenure.Scheduler job instead "
+                "(tenure.contrib.asgi.lifespan)"
+            )
+
+        @functools.wraps(fn)
+        def guarded(*args: Any, **kwargs: Any) -> R | None:
+            return guard.call(fn, pass_context, args, kwargs)
+
+        if pass_context:
+            # Frameworks that check call arguments (Celery) must not expect the context.
+            sig = inspect.signature(fn)
+            params = list(sig.parameters.values())[1:]
+            guarded.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+        guarded.tenure_once = guard  # type: ignore[attr-defined]
+        return guarded
+
+    return decorate
+
+
+# -- one client per process ------------------------------------------------------------------
+
+_clients: dict[tuple[int, str | None, str], Client] = {}
+_clients_lock = threading.Lock()
+
+
+def _shared_client(dsn: str | None, schema: str) -> Client:
+    """This process' client for ``(dsn, schema)``, opened on first use.
+
+    Keyed by pid as well: a pool opened before a fork (Celery's prefork pool, gunicorn's
+    preload) must not be used by the children, which open their own.
+    """
+    key = (os.getpid(), dsn, schema)
+    with _clients_lock:
+        found = _clients.get(key)
+        if found is None:
+            from .._sync.client import connect
+
+            found = _clients[key] = connect(dsn, schema=schema, pool_size=2)
+        return found
+
+
+def _close_clients() -> None:
+    with _clients_lock:
+        mine = [k for k in _clients if k[0] == os.getpid()]
+        for k in mine:
+            _clients.pop(k).close()
+
+
+atexit.register(_close_clients)
+
+
+__all__ = ["OnceContext", "OnceResults", "once"]

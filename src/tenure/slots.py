@@ -1,0 +1,115 @@
+"""Run-once-per-slot bookkeeping, shared by ``tenure exec --slot/--every`` and ``@tenure.once``.
+
+A slot is a name (``"2026-12-01T14:05:00Z"``, or a caller's own string). It counts as done
+once a row for ``(job_key, slot)`` is in ``exec_slots``; that row is written in a transaction
+fenced by the run's token, so only the current holder of the lease can complete a slot, and a
+successor that took over meanwhile sees the row in its post-acquire check (see
+``sql/exec.sql``).
+
+Slot names from a period (``every``) are computed by the database clock, rounded to the
+nearest multiple of the period (epoch-aligned, UTC): callers whose clocks or schedulers fire
+a little before or after the boundary share the slot. A cron schedule's slot is its tick
+nearest to the database clock, by the same rule.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from cronsim import CronSim
+
+from .errors import InvalidArgument, mapped
+from .queries import query
+
+if TYPE_CHECKING:
+    from ._sync.client import Client
+    from ._sync.lease import Lease
+    from .scheduling.schedules import Schedule
+
+#: Longest slot name a caller may give (``--slot``).
+MAX_SLOT = 200
+
+
+@dataclass(frozen=True, slots=True)
+class SlotState:
+    """A slot and, if some run completed it, which token did and when (database clock)."""
+
+    slot: str
+    done_token: int | None
+    done_at: dt.datetime | None
+
+    @property
+    def done(self) -> bool:
+        return self.done_token is not None
+
+
+def check_period(seconds: float) -> int:
+    """A slot period must be a whole number of seconds, at least 1 (the SQL rounds on it)."""
+    if seconds < 1 or seconds != int(seconds):
+        raise InvalidArgument(
+            f"{seconds:g}s: the period must be a whole number of seconds, at least 1s"
+        )
+    return int(seconds)
+
+
+def check_slot(value: str) -> str:
+    if not isinstance(value, str) or not value.strip() or len(value) > MAX_SLOT or "\x00" in value:
+        raise InvalidArgument(
+            f"a slot is 1 to {MAX_SLOT} characters without NUL, got {str(value)[:40]!r}"
+        )
+    return value
+
+
+def format_slot(instant: dt.datetime) -> str:
+    """The name of a slot at ``instant``: UTC, whole seconds, as the SQL writes them."""
+    return instant.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def nearest_tick(schedule: Schedule, now: dt.datetime) -> dt.datetime:
+    """The cron tick of ``schedule`` nearest to ``now`` (ties go to the earlier one)."""
+    assert schedule.cron is not None, "nearest_tick is for cron schedules"
+    following = schedule.next_after(now)
+    local = now.astimezone(schedule.local(now).tzinfo)
+    previous = next(CronSim(schedule.cron, local, reverse=True)).astimezone(dt.UTC)
+    return previous if now - previous <= following - now else following
+
+
+def slot_state(client: Client, job_key: str, slot: str | None, every: int | None) -> SlotState:
+    """The slot (named by ``slot``, by the database clock rounded to ``every`` seconds, or
+    ``slot@time`` with both) and whether it already completed, in one round trip."""
+    rows = client._fetch(
+        "exec_slot_check",
+        {"job_key": job_key, "slot": slot, "every": every},
+        doing=f"checking the schedule slot of {job_key!r}",
+    )
+    name, token, completed_at = rows[0]
+    return SlotState(name, token, completed_at)
+
+
+def record_slot(client: Client, lease: Lease, slot: str) -> None:
+    """Mark ``slot`` done, in a transaction fenced by ``lease``'s token.
+
+    Raises :class:`~tenure.StaleTokenError` when the lease was taken over meanwhile (the slot
+    may then run again), or another :class:`~tenure.TenureError` when the database fails.
+    """
+    from ._sync.fencing import fence
+
+    doing = f"recording slot {slot!r} of {lease.job_key!r} as done"
+    params: dict[str, Any] = {"job_key": lease.job_key, "slot": slot, "token": lease.token}
+    with mapped(doing, wrote=True), client._pool.connection() as conn, conn.transaction():
+        fence(conn, lease.job_key, lease.token, schema=client.schema)
+        conn.execute(query(client.schema, "exec_slot_done"), params)
+
+
+__all__ = [
+    "MAX_SLOT",
+    "SlotState",
+    "check_period",
+    "check_slot",
+    "format_slot",
+    "nearest_tick",
+    "record_slot",
+    "slot_state",
+]
