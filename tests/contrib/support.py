@@ -10,6 +10,7 @@ import sys
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -58,10 +59,10 @@ def python(*args: str) -> list[str]:
     return [sys.executable, *args]
 
 
-def recorded_slots(dsn: str, schema: str, table: str, column: str = "slot") -> list[str]:
+def recorded_slots(dsn: str, schema: str, table: str, column: str = "slot") -> list[Any]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         rows = conn.execute(
-            sql.SQL("SELECT {}::text FROM {} ORDER BY 1").format(
+            sql.SQL("SELECT {} FROM {} ORDER BY 1").format(
                 sql.Identifier(column), sql.Identifier(schema, table)
             )
         ).fetchall()
@@ -72,11 +73,15 @@ def parse_slot(name: str) -> dt.datetime:
     return dt.datetime.strptime(name, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
 
 
-def assert_each_slot_once(slots: list[str], *, at_least: int, period: int = 1) -> None:
-    """Every slot from the first to the last ran exactly once, and there were enough."""
+def assert_each_slot_once(
+    slots: Sequence[str | dt.datetime], *, at_least: int, period: int = 1
+) -> None:
+    """Every slot from the first to the last ran exactly once, and there were enough.
+
+    Slots are names (``2026-12-01T14:05:00Z``) or the scheduler's datetimes."""
     twice = {s: n for s, n in Counter(slots).items() if n > 1}
     assert not twice, f"slots that ran more than once: {twice}"
-    times = sorted(parse_slot(s) for s in slots)
+    times = sorted(s if isinstance(s, dt.datetime) else parse_slot(s) for s in slots)
     assert len(times) >= at_least, f"only {len(times)} slots ran: {slots}"
     expected = (times[-1] - times[0]) // dt.timedelta(seconds=period) + 1
     missing = sorted(
