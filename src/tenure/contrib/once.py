@@ -34,7 +34,8 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .. import metrics
 from .._sync.fencing import fence
@@ -106,23 +107,41 @@ class OnceContext:
         fence(conn, self.job_key, self.token, schema=self.client.schema)
 
 
-class _Guard:
-    """One decorated function's settings and the per-process client it uses."""
+@dataclass(frozen=True, slots=True)
+class Attempt(Generic[R]):
+    """What one guarded call did: ``outcome`` is "succeeded", "busy" or "already_done";
+    ``result`` is the function's return value when it ran."""
+
+    outcome: str
+    slot: str | None
+    token: int | None = None
+    result: R | None = None
+
+
+class Guard:
+    """Run functions under one job's lease, at most once per slot when a slot rule is set.
+
+    The building block of :func:`once` (and of ``manage.py tenure_exec``). Slot rule: a
+    period in seconds (``every``), a cron ``schedule``, a fixed ``slot`` name (with
+    ``every`` too: ``slot@time``), or none (then it only keeps calls from overlapping).
+    """
 
     def __init__(
         self,
         key: str,
         *,
-        every: int | None,
-        schedule: Schedule | None,
+        every: int | None = None,
+        schedule: Schedule | None = None,
+        slot: str | None = None,
         ttl: float,
-        dsn: str | None,
-        schema: str,
-        client: Client | None,
+        dsn: str | None = None,
+        schema: str = "tenure",
+        client: Client | None = None,
     ) -> None:
         self.key = key
         self.every = every
         self.schedule = schedule
+        self.slot = slot
         self.ttl = ttl
         self.dsn = dsn
         self.schema = schema
@@ -131,39 +150,49 @@ class _Guard:
     def _client(self) -> Client:
         return self.client if self.client is not None else _shared_client(self.dsn, self.schema)
 
+    @property
+    def has_slots(self) -> bool:
+        return self.every is not None or self.schedule is not None or self.slot is not None
+
     def call(self, fn: Callable[..., R], pass_context: bool, args: Any, kwargs: Any) -> R | None:
+        return self.attempt(fn, pass_context, args, kwargs).result
+
+    def attempt(
+        self, fn: Callable[..., R], pass_context: bool, args: Any, kwargs: Any
+    ) -> Attempt[R]:
         client = self._client()
+        slot: str | None = None
         if self.schedule is not None:
             tick = nearest_tick(self.schedule, client.now())
-            state = slot_state(client, self.key, format_slot(tick), None)
-        else:
-            state = slot_state(client, self.key, None, self.every)
-        extra: dict[str, Any] = {"job": self.key, "slot": state.slot}
-        if state.done:
-            self._skip("already_done", f"slot {state.slot} already done", extra)
-            return None
+            slot = format_slot(tick)
+        if self.has_slots:
+            state = slot_state(client, self.key, slot or self.slot, self.every)
+            slot = state.slot
+            if state.done:
+                return self._skip("already_done", slot, None, f"slot {slot} already done")
         try:
             with client.lease(self.key, ttl=self.ttl) as lease:
-                extra["token"] = lease.token
                 # Again under the lease, in a new statement: a run that completed the slot
                 # while our takeover waited for its fenced transaction is visible now.
-                if slot_state(client, self.key, state.slot, None).done:
-                    self._skip("already_done", f"slot {state.slot} already done", extra)
-                    return None
-                return self._run(client, lease, state.slot, fn, pass_context, args, kwargs, extra)
+                if slot is not None and slot_state(client, self.key, slot, None).done:
+                    return self._skip("already_done", slot, lease.token, "already done")
+                extra: dict[str, Any] = {"job": self.key, "slot": slot, "token": lease.token}
+                result = self._run(client, lease, slot, fn, pass_context, args, kwargs, extra)
+                return Attempt("succeeded", slot, lease.token, result)
         except LeaseBusy as busy:
-            self._skip("busy", f"held by another process ({busy})", extra)
-            return None
+            return self._skip("busy", slot, None, f"held by another process ({busy})")
 
-    def _skip(self, outcome: str, why: str, extra: dict[str, Any]) -> None:
+    def _skip(self, outcome: str, slot: str | None, token: int | None, why: str) -> Attempt[R]:
         metrics.emit(metrics.JOB, self.key, outcome)
-        log.debug("%r not run for slot %s: %s", self.key, extra["slot"], why, extra=extra)
+        extra = {"job": self.key, "slot": slot, "token": token}
+        log.debug("%r not run (slot %s): %s", self.key, slot, why, extra=extra)
+        return Attempt(outcome, slot, token)
 
     def _run(
         self,
         client: Client,
         lease: Lease,
-        slot: str,
+        slot: str | None,
         fn: Callable[..., R],
         pass_context: bool,
         args: Any,
@@ -173,7 +202,7 @@ class _Guard:
         started = time.monotonic()
         if pass_context:
             ctx = OnceContext(
-                job_key=self.key, token=lease.token, slot=slot, lease=lease, client=client
+                job_key=self.key, token=lease.token, slot=slot or "", lease=lease, client=client
             )
             args = (ctx, *args)
         try:
@@ -194,7 +223,8 @@ class _Guard:
             )
             lease.check()  # raises LeaseLost
         try:
-            record_slot(client, lease, slot)
+            if slot is not None:
+                record_slot(client, lease, slot)
         except StaleTokenError:
             log.warning(
                 "%r ran slot %s but lost its lease (token %s) before marking it done; the "
@@ -207,7 +237,7 @@ class _Guard:
         except TenureError as exc:
             log.warning("%r ran slot %s but could not mark it done: %s", self.key, slot, exc)
         metrics.emit(metrics.JOB, self.key, "succeeded", time.monotonic() - started)
-        log.info("%r ran slot %s with token %s", self.key, slot, lease.token, extra=extra)
+        log.info("%r ran (slot %s) with token %s", self.key, slot or "-", lease.token, extra=extra)
         return result
 
 
@@ -247,7 +277,7 @@ def once(
         from ..scheduling.schedules import Schedule
 
         schedule = Schedule.build(key, cron=cron, timezone=timezone)
-    guard = _Guard(
+    guard = Guard(
         key, every=period, schedule=schedule, ttl=ttl_s, dsn=dsn, schema=schema, client=client
     )
 
@@ -308,4 +338,4 @@ def _close_clients() -> None:
 atexit.register(_close_clients)
 
 
-__all__ = ["OnceContext", "OnceResults", "once"]
+__all__ = ["Attempt", "Guard", "OnceContext", "OnceResults", "once"]
