@@ -10,10 +10,10 @@ import os
 import sys
 
 import psycopg
+from fastapi import FastAPI
 from psycopg import sql
 
 import tenure
-from fastapi import FastAPI
 from tenure.contrib.asgi import lifespan
 
 DSN = os.environ.get("TENURE_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")

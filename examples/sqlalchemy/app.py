@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import os
 
+from sqlalchemy import MetaData, String, create_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 import tenure
-from sqlalchemy import MetaData, String, create_engine
 from tenure.contrib.sqlalchemy import fence, outbox_enqueue
 
 DSN = os.environ.get("TENURE_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")

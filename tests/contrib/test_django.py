@@ -38,9 +38,8 @@ MANAGE = str(PROJECT / "manage.py")
 def django_schema(dsn: str) -> Iterator[str]:
     """Django set up in this process on a schema of its own (Django is set up once per
     process; its settings are read then)."""
-    from django.conf import settings
-
     import django
+    from django.conf import settings
 
     name = f"t_dj_{uuid.uuid4().hex[:10]}"
     if not settings.configured:

@@ -12,11 +12,11 @@ import pytest
 
 pytest.importorskip("sqlalchemy")
 
+from sqlalchemy import Engine, MetaData, String, create_engine, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 import tenure
-from sqlalchemy import Engine, MetaData, String, create_engine, func, select
 from tenure.contrib.sqlalchemy import (
     fence,
     fence_async,
