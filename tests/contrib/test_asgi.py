@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import socket
 import subprocess
@@ -50,6 +51,26 @@ def test_running_starts_the_worker_and_stops_it_with_the_block(dsn: str, schema:
 
     asyncio.run(scenario())
     assert ran
+
+
+def test_shutdown_hands_a_running_job_over(
+    dsn: str, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "tenure.scheduler")
+    started = asyncio.Event()
+    scheduler = tenure.Scheduler(dsn, schema=schema, migrate=True, shutdown_grace="0.3s")
+
+    @scheduler.job("long", every="1s", ttl="5s")
+    async def long(ctx: tenure.JobContext) -> None:
+        started.set()
+        await asyncio.sleep(60)
+
+    async def scenario() -> None:
+        async with running(scheduler):
+            await asyncio.wait_for(started.wait(), 30)
+
+    asyncio.run(scenario())
+    assert "1 handed over" in caplog.text
 
 
 def test_startup_fails_when_the_schema_is_not_migrated(dsn: str, schema: str) -> None:
