@@ -34,12 +34,12 @@ from .validation import parse_duration
 
 if TYPE_CHECKING:
     from . import outbox
+    from .contrib.once import OnceContext, once
     from .leases._async.client import AsyncClient, connect_async
     from .leases._async.fencing import fence_async
     from .leases._async.lease import AsyncLease, AsyncLeaseContext
     from .leases._async.results import AsyncResults
     from .outbox import inbox
-    from .contrib.once import OnceContext, once
     from .scheduler import JobContext, Scheduler
 
 # Imported on first use, so that `tenure exec` in a crontab does not pay for asyncio, the

@@ -4,7 +4,7 @@ database, plus a SQLite alias for the system-check tests. Read the environment
 
 import sys
 
-from .support import EXAMPLES
+from ..support.examples import EXAMPLES
 
 sys.path.insert(0, str(EXAMPLES / "django"))
 

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from .support import EXAMPLES, assert_each_slot_once, example_env, python, recorded_slots, start
+from ..support.examples import (
+    EXAMPLES,
+    assert_each_slot_once,
+    example_env,
+    python,
+    recorded_slots,
+    start,
+)
 
 pytest.importorskip("apscheduler")
 pytestmark = pytest.mark.slow

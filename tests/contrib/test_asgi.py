@@ -18,7 +18,7 @@ import pytest
 import tenure
 from tenure.contrib.asgi import lifespan, running
 
-from .support import (
+from ..support.examples import (
     EXAMPLES,
     assert_each_slot_once,
     example_env,

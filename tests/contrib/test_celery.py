@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .support import (
+from ..support.examples import (
     EXAMPLES,
     assert_each_slot_once,
     example_env,

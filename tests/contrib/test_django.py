@@ -20,7 +20,7 @@ pytest.importorskip("django")
 
 import tenure
 
-from .support import (
+from ..support.examples import (
     EXAMPLES,
     assert_each_slot_once,
     example_env,

@@ -12,9 +12,9 @@ import pytest
 import tenure
 from tenure import metrics
 from tenure.contrib.once import OnceContext
-from tenure.slots import slot_state
+from tenure.exec.slots import slot_state
 
-from .support import parse_slot
+from ..support.examples import parse_slot
 
 
 @pytest.fixture

@@ -169,7 +169,7 @@ def test_wrong_flavour_and_driver_say_what_to_use(
 def test_example_commits_the_invoice_and_its_message(dsn: str, schema: str) -> None:
     import subprocess
 
-    from .support import EXAMPLES, example_env, python
+    from ..support.examples import EXAMPLES, example_env, python
 
     env = example_env(dsn, schema)
     out = subprocess.run(

@@ -27,6 +27,7 @@ If the lease is lost while the function runs, the call raises :class:`~tenure.Le
 from __future__ import annotations
 
 import atexit
+import datetime as dt
 import functools
 import inspect
 import logging
@@ -37,19 +38,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from cronsim import CronSim
+
 from .. import metrics
-from .._sync.fencing import fence
 from ..errors import InvalidArgument, LeaseBusy, StaleTokenError, TenureError
-from ..models import Result
-from ..slots import check_period, format_slot, nearest_tick, record_slot, slot_state
+from ..exec.slots import check_period, format_slot, record_slot, slot_state
+from ..leases._sync.fencing import fence
+from ..leases.models import Result
 from ..validation import Duration, check_job_key, check_schema, check_ttl, parse_duration
 
 if TYPE_CHECKING:
     import psycopg
 
-    from .._sync.client import Client
-    from .._sync.lease import Lease
-    from ..scheduling.schedules import Schedule
+    from ..leases._sync.client import Client
+    from ..leases._sync.lease import Lease
+    from ..scheduler.schedules import Schedule
 
 log = logging.getLogger("tenure.once")
 
@@ -274,7 +277,7 @@ def once(
             raise InvalidArgument(f"once {key!r}: timezone applies to cron= only")
         period = check_period(parse_duration(every, what=f"once {key!r}: every"))
     else:
-        from ..scheduling.schedules import Schedule
+        from ..scheduler.schedules import Schedule
 
         schedule = Schedule.build(key, cron=cron, timezone=timezone)
     guard = Guard(
@@ -306,6 +309,16 @@ def once(
     return decorate
 
 
+def nearest_tick(schedule: Schedule, now: dt.datetime) -> dt.datetime:
+    """The cron tick of ``schedule`` nearest to ``now`` (ties go to the earlier one): the
+    ``every`` rule of ``tenure exec`` (round to the nearest), for cron schedules."""
+    assert schedule.cron is not None, "nearest_tick is for cron schedules"
+    following = schedule.next_after(now)
+    local = now.astimezone(schedule.local(now).tzinfo)
+    previous = next(CronSim(schedule.cron, local, reverse=True)).astimezone(dt.UTC)
+    return previous if now - previous <= following - now else following
+
+
 # -- one client per process ------------------------------------------------------------------
 
 _clients: dict[tuple[int, str | None, str], Client] = {}
@@ -322,7 +335,7 @@ def _shared_client(dsn: str | None, schema: str) -> Client:
     with _clients_lock:
         found = _clients.get(key)
         if found is None:
-            from .._sync.client import connect
+            from ..leases._sync.client import connect
 
             found = _clients[key] = connect(dsn, schema=schema, pool_size=2)
         return found

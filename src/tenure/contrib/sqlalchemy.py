@@ -28,9 +28,9 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from .. import outbox
-from .._async.fencing import fence_async as _fence_async
-from .._sync.fencing import fence as _fence
 from ..errors import ConfigurationError, InvalidArgument
+from ..leases._async.fencing import fence_async as _fence_async
+from ..leases._sync.fencing import fence as _fence
 from ..validation import Duration
 
 if TYPE_CHECKING:

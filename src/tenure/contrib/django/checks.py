@@ -13,8 +13,8 @@ from typing import Any
 
 from django.core import checks
 
+from ...db.migrations import latest
 from ...errors import TenureError
-from ...migrations import latest
 from .db import backend_problem, conninfo, settings
 
 
@@ -50,7 +50,7 @@ def check_schema(
         return []
     if check_backend():
         return []
-    from ..._sync.client import connect
+    from ...leases._sync.client import connect
 
     try:
         with connect(conninfo(config.database), schema=config.schema, pool_size=1) as client:

@@ -10,8 +10,8 @@ import psycopg
 from psycopg.conninfo import make_conninfo
 
 from ... import outbox
-from ..._sync.fencing import fence as _fence
 from ...errors import ConfigurationError, InvalidArgument
+from ...leases._sync.fencing import fence as _fence
 from ...validation import Duration, check_schema
 
 if TYPE_CHECKING:

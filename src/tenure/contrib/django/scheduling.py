@@ -6,7 +6,8 @@ import functools
 import inspect
 from typing import Any
 
-from ...scheduler import JobContext, JobFunction, JobSpec, Scheduler
+from ...scheduler import JobContext, JobSpec, Scheduler
+from ...scheduler.spec import JobFunction
 
 
 class DjangoScheduler(Scheduler):

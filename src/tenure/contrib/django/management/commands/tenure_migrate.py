@@ -23,7 +23,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from tenure._sync.client import connect
+        from tenure.leases._sync.client import connect
 
         config = settings()
         try:

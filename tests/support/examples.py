@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..conftest import ROOT, tenure_env
+from .env import ROOT, tenure_env
 
 EXAMPLES = ROOT / "examples"
 
