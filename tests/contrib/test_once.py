@@ -180,9 +180,28 @@ def test_bad_arguments_say_what_to_do(kwargs: dict[str, Any], message: str) -> N
         tenure.once("bad", **kwargs)
 
 
-def test_coroutine_functions_are_refused() -> None:
-    async def job() -> None:
-        pass
+def test_coroutine_functions_run_on_the_loop_once_per_slot(
+    client: tenure.Client, dsn: str, events: list[metrics.Event]
+) -> None:
+    import asyncio
 
-    with pytest.raises(tenure.InvalidArgument, match="coroutine function"):
-        tenure.once("async", every="1m")(job)
+    import psycopg
+
+    ran: list[int] = []
+
+    @tenure.once("async-job", every="1h", client=client, pass_context=True)
+    async def job(ctx: OnceContext, n: int) -> int:
+        await asyncio.sleep(0.3)  # the other call arrives while this one holds the lease
+        async with await psycopg.AsyncConnection.connect(dsn) as conn, conn.transaction():
+            await ctx.fence_async(conn)
+        ran.append(n)
+        return n
+
+    async def scenario() -> list[int | None]:
+        first = asyncio.create_task(job(1))
+        await asyncio.sleep(0.1)
+        return [await job(2), await first, await job(3)]
+
+    assert asyncio.run(scenario()) == [None, 1, None]
+    assert ran == [1]
+    assert sorted(e.outcome for e in events) == ["already_done", "busy", "succeeded"]

@@ -21,12 +21,16 @@ A function that fails leaves its slot open: the next call in the same slot runs 
 If the lease is lost while the function runs, the call raises :class:`~tenure.LeaseLost`
 (the slot is not marked done). With ``pass_context=True`` the function receives a
 :class:`OnceContext` first: its token, ``check()``, ``fence(conn)`` and the fenced
-``results.put``.
+``results.put``. A coroutine function stays one: it runs on the caller's event loop, the
+database steps in a worker thread (the lease core is synchronous here; its renewals run in a
+thread of their own either way).
 """
 
 from __future__ import annotations
 
+import asyncio
 import atexit
+import contextlib
 import datetime as dt
 import functools
 import inspect
@@ -34,15 +38,16 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar, cast
 
 from cronsim import CronSim
 
 from .. import metrics
 from ..errors import InvalidArgument, LeaseBusy, StaleTokenError, TenureError
 from ..exec.slots import check_period, format_slot, record_slot, slot_state
+from ..leases._async.fencing import fence_async
 from ..leases._sync.fencing import fence
 from ..leases.models import Result
 from ..validation import Duration, check_job_key, check_schema, check_ttl, parse_duration
@@ -109,6 +114,10 @@ class OnceContext:
         """Fence the current transaction on your ``conn`` with this run's token (strict)."""
         fence(conn, self.job_key, self.token, schema=self.client.schema)
 
+    async def fence_async(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """:meth:`fence` for an asyncio connection (in a coroutine function)."""
+        await fence_async(conn, self.job_key, self.token, schema=self.client.schema)
+
 
 @dataclass(frozen=True, slots=True)
 class Attempt(Generic[R]):
@@ -163,57 +172,92 @@ class Guard:
     def attempt(
         self, fn: Callable[..., R], pass_context: bool, args: Any, kwargs: Any
     ) -> Attempt[R]:
+        """Run ``fn(*args, **kwargs)`` if this call wins its slot (see :func:`once`)."""
+        stack = contextlib.ExitStack()
+        try:
+            held = self._begin(stack)
+            if isinstance(held, Attempt):
+                return held
+            args = self._with_context(held, pass_context, args)
+            started = time.monotonic()
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException:
+                self._failed(held, started)
+                raise
+            return self._succeeded(held, started, result)
+        finally:
+            stack.close()  # releases the lease
+
+    async def attempt_async(
+        self, fn: Callable[..., Awaitable[R]], pass_context: bool, args: Any, kwargs: Any
+    ) -> Attempt[R]:
+        """:meth:`attempt` for a coroutine function: it runs on the caller's event loop; the
+        database steps (few, short) run in a worker thread, the lease renews in its own."""
+        stack = contextlib.ExitStack()
+        try:
+            held = await asyncio.to_thread(self._begin, stack)
+            if isinstance(held, Attempt):
+                return held
+            args = self._with_context(held, pass_context, args)
+            started = time.monotonic()
+            try:
+                result = await fn(*args, **kwargs)
+            except BaseException:
+                self._failed(held, started)
+                raise
+            return await asyncio.to_thread(self._succeeded, held, started, result)
+        finally:
+            await asyncio.to_thread(stack.close)
+
+    def _begin(self, stack: contextlib.ExitStack) -> _Held | Attempt[Any]:
+        """Name the slot, skip it if done, take the lease (released when ``stack`` closes)
+        and check the slot again under it; an :class:`Attempt` when this call must not run."""
         client = self._client()
         slot: str | None = None
         if self.schedule is not None:
-            tick = nearest_tick(self.schedule, client.now())
-            slot = format_slot(tick)
+            slot = format_slot(nearest_tick(self.schedule, client.now()))
         if self.has_slots:
             state = slot_state(client, self.key, slot or self.slot, self.every)
             slot = state.slot
             if state.done:
                 return self._skip("already_done", slot, None, f"slot {slot} already done")
         try:
-            with client.lease(self.key, ttl=self.ttl) as lease:
-                # Again under the lease, in a new statement: a run that completed the slot
-                # while our takeover waited for its fenced transaction is visible now.
-                if slot is not None and slot_state(client, self.key, slot, None).done:
-                    return self._skip("already_done", slot, lease.token, "already done")
-                extra: dict[str, Any] = {"job": self.key, "slot": slot, "token": lease.token}
-                result = self._run(client, lease, slot, fn, pass_context, args, kwargs, extra)
-                return Attempt("succeeded", slot, lease.token, result)
+            lease = stack.enter_context(client.lease(self.key, ttl=self.ttl))
         except LeaseBusy as busy:
             return self._skip("busy", slot, None, f"held by another process ({busy})")
+        # Again under the lease, in a new statement: a run that completed the slot while our
+        # takeover waited for its fenced transaction is visible now.
+        if slot is not None and slot_state(client, self.key, slot, None).done:
+            return self._skip("already_done", slot, lease.token, "already done")
+        return _Held(client, lease, slot)
 
-    def _skip(self, outcome: str, slot: str | None, token: int | None, why: str) -> Attempt[R]:
+    def _with_context(self, held: _Held, pass_context: bool, args: Any) -> Any:
+        if not pass_context:
+            return args
+        ctx = OnceContext(
+            job_key=self.key,
+            token=held.lease.token,
+            slot=held.slot or "",
+            lease=held.lease,
+            client=held.client,
+        )
+        return (ctx, *args)
+
+    def _skip(self, outcome: str, slot: str | None, token: int | None, why: str) -> Attempt[Any]:
         metrics.emit(metrics.JOB, self.key, outcome)
         extra = {"job": self.key, "slot": slot, "token": token}
         log.debug("%r not run (slot %s): %s", self.key, slot, why, extra=extra)
         return Attempt(outcome, slot, token)
 
-    def _run(
-        self,
-        client: Client,
-        lease: Lease,
-        slot: str | None,
-        fn: Callable[..., R],
-        pass_context: bool,
-        args: Any,
-        kwargs: Any,
-        extra: dict[str, Any],
-    ) -> R:
-        started = time.monotonic()
-        if pass_context:
-            ctx = OnceContext(
-                job_key=self.key, token=lease.token, slot=slot or "", lease=lease, client=client
-            )
-            args = (ctx, *args)
-        try:
-            result = fn(*args, **kwargs)
-        except BaseException:
-            outcome = "lease_lost" if lease.lost else "failed"
-            metrics.emit(metrics.JOB, self.key, outcome, time.monotonic() - started)
-            raise
+    def _failed(self, held: _Held, started: float) -> None:
+        outcome = "lease_lost" if held.lease.lost else "failed"
+        metrics.emit(metrics.JOB, self.key, outcome, time.monotonic() - started)
+
+    def _succeeded(self, held: _Held, started: float, result: R) -> Attempt[R]:
+        """The function returned: mark the slot done (fenced), unless the lease was lost."""
+        client, lease, slot = held
+        extra = {"job": self.key, "slot": slot, "token": lease.token}
         if lease.lost:
             metrics.emit(metrics.JOB, self.key, "lease_lost", time.monotonic() - started)
             log.warning(
@@ -241,7 +285,15 @@ class Guard:
             log.warning("%r ran slot %s but could not mark it done: %s", self.key, slot, exc)
         metrics.emit(metrics.JOB, self.key, "succeeded", time.monotonic() - started)
         log.info("%r ran (slot %s) with token %s", self.key, slot or "-", lease.token, extra=extra)
-        return result
+        return Attempt("succeeded", slot, lease.token, result)
+
+
+class _Held(NamedTuple):
+    """A call that won: the client, its lease and its slot (None without a slot rule)."""
+
+    client: Client
+    lease: Lease
+    slot: str | None
 
 
 def once(
@@ -262,8 +314,9 @@ def once(
     ``timezone``, default UTC) names the slot; give exactly one. ``ttl``: the lease TTL,
     renewed every ttl/3 while the function runs. ``dsn``/``schema``: as in
     :func:`tenure.connect` (each process opens one small pool on first call); or pass your
-    own ``client``. A call that does not run (slot done, or another process is running it)
-    returns ``None``. ``pass_context``: pass an :class:`OnceContext` as first argument.
+    own ``client``. Coroutine functions are awaited on the caller's loop. A call that does not
+    run (slot done, or another process is running it) returns ``None``. ``pass_context``:
+    pass an :class:`OnceContext` as first argument.
     """
     check_job_key(key)
     check_schema(schema)
@@ -287,24 +340,28 @@ def once(
     def decorate(fn: Callable[..., R]) -> Callable[..., R | None]:
         if not callable(fn):
             raise InvalidArgument(f"once {key!r}: {fn!r} is not callable; decorate a function")
+        guarded: Any
         if inspect.iscoroutinefunction(fn):
-            raise InvalidArgument(
-                f"once {key!r}: {fn.__qualname__} is a coroutine function; @tenure.once guards "
-                "synchronous functions. In asyncio, run a tenure.Scheduler job instead "
-                "(tenure.contrib.asgi.lifespan)"
-            )
 
-        @functools.wraps(fn)
-        def guarded(*args: Any, **kwargs: Any) -> R | None:
-            return guard.call(fn, pass_context, args, kwargs)
+            @functools.wraps(fn)
+            async def guarded_async(*args: Any, **kwargs: Any) -> Any:
+                return (await guard.attempt_async(fn, pass_context, args, kwargs)).result
 
+            guarded = guarded_async
+        else:
+
+            @functools.wraps(fn)
+            def guarded_sync(*args: Any, **kwargs: Any) -> R | None:
+                return guard.call(fn, pass_context, args, kwargs)
+
+            guarded = guarded_sync
         if pass_context:
             # Frameworks that check call arguments (Celery) must not expect the context.
             sig = inspect.signature(fn)
             params = list(sig.parameters.values())[1:]
-            guarded.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
-        guarded.tenure_once = guard  # type: ignore[attr-defined]
-        return guarded
+            guarded.__signature__ = sig.replace(parameters=params)
+        guarded.tenure_once = guard
+        return cast("Callable[..., R | None]", guarded)
 
     return decorate
 
