@@ -24,7 +24,9 @@ LAYERS: list[set[str]] = [
     {"tenure.db"},
     {"tenure.leases"},
     {"tenure.exec", "tenure.outbox", "tenure.scheduler"},
-    {"tenure.observability"},
+    # Integrations use the capabilities (the scheduler, exec's slots, the outbox); the command
+    # line never imports them, so that `tenure` loads no framework.
+    {"tenure.observability", "tenure.contrib"},
     {"tenure.cli"},
 ]
 
@@ -208,6 +210,8 @@ def test_the_checks_catch_a_cycle_and_an_upward_import() -> None:
         ("tenure.db.queries", "tenure.leases.models", False),
         ("tenure.scheduler.worker", "tenure.outbox.relay", False),
         ("tenure.cli.exec", "tenure.exec.runner", True),
+        ("tenure.contrib.once", "tenure.exec.slots", True),
+        ("tenure.contrib.asgi", "tenure.observability.http", False),
     ],
 )
 def test_layer_rule(source: str, target: str, ok: bool) -> None:

@@ -34,6 +34,7 @@ from .validation import parse_duration
 
 if TYPE_CHECKING:
     from . import outbox
+    from .contrib.once import OnceContext, once
     from .leases._async.client import AsyncClient, connect_async
     from .leases._async.fencing import fence_async
     from .leases._async.lease import AsyncLease, AsyncLeaseContext
@@ -51,6 +52,8 @@ _LAZY = {
     "AsyncLeaseContext": ".leases._async.lease",
     "AsyncResults": ".leases._async.results",
     "JobContext": ".scheduler",
+    "OnceContext": ".contrib.once",
+    "once": ".contrib.once",
     "Scheduler": ".scheduler",
     "inbox": ".outbox.inbox",
     "outbox": ".outbox",
@@ -91,6 +94,7 @@ __all__ = [
     "LeaseError",
     "LeaseInfo",
     "LeaseLost",
+    "OnceContext",
     "Result",
     "Results",
     "Scheduler",
@@ -105,6 +109,7 @@ __all__ = [
     "fence_async",
     "inbox",
     "metrics",
+    "once",
     "outbox",
     "parse_duration",
 ]

@@ -11,7 +11,7 @@ import click
 
 from ..exec.output import PROG, one_line
 from ..exec.runner import EXIT_LEASE_LOST, EXIT_USAGE, ExecRequest, main, run_with_textfile
-from ..exec.slots import MAX_SLOT
+from ..exec.slots import check_period, check_slot
 from .common import CONTEXT, db_options, setup_logs
 
 EPILOG = f"""\b
@@ -114,23 +114,25 @@ def _check_ttl(ctx: click.Context, param: click.Parameter, value: float) -> floa
 
 
 def _check_every(ctx: click.Context, param: click.Parameter, value: float | None) -> int | None:
+    from ..errors import InvalidArgument
+
     if value is None:
         return None
-    if value < 1 or value != int(value):
-        raise click.BadParameter(
-            f"{value:g}s: the period must be a whole number of seconds, at least 1s"
-        )
-    return int(value)
+    try:
+        return check_period(value)
+    except InvalidArgument as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 def _check_slot(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    from ..errors import InvalidArgument
+
     if value is None:
         return None
-    if not value.strip() or len(value) > MAX_SLOT or "\x00" in value:
-        raise click.BadParameter(
-            f"a slot is 1 to {MAX_SLOT} characters without NUL, got {value[:40]!r}"
-        )
-    return value
+    try:
+        return check_slot(value)
+    except InvalidArgument as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 def _check_key(ctx: click.Context, param: click.Parameter, value: str) -> str:

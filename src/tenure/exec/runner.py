@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .output import say
-from .slots import record_slot, slot_state
+from .slots import SlotState, record_slot, slot_state
 from .supervisor import Interrupted, Supervisor, exit_code
 
 if TYPE_CHECKING:
@@ -134,10 +134,11 @@ def _run_connected(client: Client, conninfo: str, req: ExecRequest, child: Super
     slot: str | None = None
     if req.slot is not None or req.every is not None:
         # A slot already done needs no token: answer before taking the lease.
-        slot, done = slot_state(client, req.key, req.slot, req.every)
-        if done is not None:
+        state = slot_state(client, req.key, req.slot, req.every)
+        slot = state.slot
+        if state.done:
             metrics.emit(metrics.JOB, req.key, "already_done")
-            _already_done(req, slot, done)
+            _already_done(req, state)
             return EXIT_OK
     started = time.monotonic()
     try:
@@ -165,9 +166,9 @@ def _run_leased(
     if slot is not None:
         # Checked again under the lease, in a new statement: a predecessor that completed
         # the slot while our takeover waited for its fenced transaction is visible now.
-        _, done = slot_state(client, req.key, slot, None)
-        if done is not None:
-            _already_done(req, slot, done)
+        state = slot_state(client, req.key, slot, None)
+        if state.done:
+            _already_done(req, state)
             return EXIT_OK, "already_done"
     env = dict(os.environ)
     env.update(
@@ -208,8 +209,25 @@ def _run_leased(
     if code != 0:
         return code, "failed"
     if slot is not None:
-        record_slot(client, lease, slot, extra)
+        _record_slot(client, lease, slot, extra)
     return code, "succeeded"
+
+
+def _record_slot(client: Client, lease: Lease, slot: str, extra: dict[str, Any]) -> None:
+    """Mark the slot done; the command already succeeded, so a failure here is a warning."""
+    from ..errors import StaleTokenError, TenureError
+
+    try:
+        record_slot(client, lease, slot)
+    except StaleTokenError:
+        say(
+            f"warning: the command succeeded but lease {lease.job_key!r} token {lease.token} "
+            f"was lost before slot {slot!r} could be marked done; the slot may run again"
+        )
+    except TenureError as exc:
+        say(f"warning: the command succeeded but slot {slot!r} was not marked done: {exc}")
+    else:
+        log.info("slot %r marked done", slot, extra=extra)
 
 
 def _busy_line(busy: LeaseBusy, req: ExecRequest) -> str:
@@ -223,10 +241,10 @@ def _busy_line(busy: LeaseBusy, req: ExecRequest) -> str:
     return f"{req.key!r} is busy{waited}: {holder}; not running {req.command[0]!r}"
 
 
-def _already_done(req: ExecRequest, slot: str, done: tuple[int, Any]) -> None:
-    token, completed_at = done
+def _already_done(req: ExecRequest, state: SlotState) -> None:
     if not req.quiet:
+        done_at = state.done_at.isoformat() if state.done_at is not None else "?"
         say(
-            f"{req.key!r} slot {slot!r} already done (token {token}, "
-            f"{completed_at.isoformat()}); not running {req.command[0]!r}"
+            f"{req.key!r} slot {state.slot!r} already done (token {state.done_token}, "
+            f"{done_at}); not running {req.command[0]!r}"
         )

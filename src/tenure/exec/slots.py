@@ -1,58 +1,100 @@
-"""Once per slot for ``tenure exec --slot/--every``: whether a slot already completed on
-some host (``exec_slot_check``), and marking it done in a transaction fenced by the run's
-token (``exec_slot_done``), so a run that lost its lease cannot mark anything."""
+"""Once per slot, for ``tenure exec --slot/--every`` and ``@tenure.once``.
+
+A slot is a name (``"2026-12-01T14:05:00Z"``, or a caller's own string). It counts as done
+once a row for ``(job_key, slot)`` is in ``exec_slots``; that row is written in a transaction
+fenced by the run's token, so only the current holder of the lease can complete a slot, and a
+successor that took over meanwhile sees the row in its post-acquire check (see
+``sql/exec.sql``).
+
+Slot names from a period (``every``) are computed by the database clock, rounded to the
+nearest multiple of the period (epoch-aligned, UTC): callers whose clocks or schedulers fire
+a little before or after the boundary share the slot.
+"""
 
 from __future__ import annotations
 
-import logging
+import datetime as dt
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .output import say
+from ..db.queries import query
+from ..errors import InvalidArgument, mapped
+from ..leases._sync.fencing import fence
 
 if TYPE_CHECKING:
     from ..leases._sync.client import Client
     from ..leases._sync.lease import Lease
 
-log = logging.getLogger("tenure.exec")
-
-#: Longest --slot name.
+#: Longest slot name a caller may give (``--slot``).
 MAX_SLOT = 200
 
 
-def slot_state(
-    client: Client, key: str, slot: str | None, every: int | None
-) -> tuple[str, tuple[int, Any] | None]:
-    """The slot (computed by the database for --every) and, if it completed, its
-    ``(token, completed_at)``."""
+@dataclass(frozen=True, slots=True)
+class SlotState:
+    """A slot and, if some run completed it, which token did and when (database clock)."""
+
+    slot: str
+    done_token: int | None
+    done_at: dt.datetime | None
+
+    @property
+    def done(self) -> bool:
+        return self.done_token is not None
+
+
+def check_period(seconds: float) -> int:
+    """A slot period must be a whole number of seconds, at least 1 (the SQL rounds on it)."""
+    if seconds < 1 or seconds != int(seconds):
+        raise InvalidArgument(
+            f"{seconds:g}s: the period must be a whole number of seconds, at least 1s"
+        )
+    return int(seconds)
+
+
+def check_slot(value: str) -> str:
+    if not isinstance(value, str) or not value.strip() or len(value) > MAX_SLOT or "\x00" in value:
+        raise InvalidArgument(
+            f"a slot is 1 to {MAX_SLOT} characters without NUL, got {str(value)[:40]!r}"
+        )
+    return value
+
+
+def format_slot(instant: dt.datetime) -> str:
+    """The name of a slot at ``instant``: UTC, whole seconds, as the SQL writes them."""
+    return instant.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def slot_state(client: Client, job_key: str, slot: str | None, every: int | None) -> SlotState:
+    """The slot (named by ``slot``, by the database clock rounded to ``every`` seconds, or
+    ``slot@time`` with both) and whether it already completed, in one round trip."""
     rows = client._fetch(
         "exec_slot_check",
-        {"job_key": key, "slot": slot, "every": every},
-        doing=f"checking the schedule slot of {key!r}",
+        {"job_key": job_key, "slot": slot, "every": every},
+        doing=f"checking the schedule slot of {job_key!r}",
     )
     name, token, completed_at = rows[0]
-    return name, (None if token is None else (token, completed_at))
+    return SlotState(name, token, completed_at)
 
 
-def record_slot(client: Client, lease: Lease, slot: str, extra: dict[str, Any]) -> None:
-    """Mark the slot done, in a transaction fenced by the run's token."""
-    from ..db.queries import query
-    from ..errors import StaleTokenError, TenureError, mapped
-    from ..leases._sync.fencing import fence
+def record_slot(client: Client, lease: Lease, slot: str) -> None:
+    """Mark ``slot`` done, in a transaction fenced by ``lease``'s token.
 
-    try:
-        doing = f"recording slot {slot!r} of {lease.job_key!r} as done"
-        with mapped(doing, wrote=True), client._pool.connection() as conn, conn.transaction():
-            fence(conn, lease.job_key, lease.token, schema=client.schema)
-            conn.execute(
-                query(client.schema, "exec_slot_done"),
-                {"job_key": lease.job_key, "slot": slot, "token": lease.token},
-            )
-    except StaleTokenError:
-        say(
-            f"warning: the command succeeded but lease {lease.job_key!r} token {lease.token} "
-            f"was lost before slot {slot!r} could be marked done; the slot may run again"
-        )
-    except TenureError as exc:
-        say(f"warning: the command succeeded but slot {slot!r} was not marked done: {exc}")
-    else:
-        log.info("slot %r marked done", slot, extra=extra)
+    Raises :class:`~tenure.StaleTokenError` when the lease was taken over meanwhile (the slot
+    may then run again), or another :class:`~tenure.TenureError` when the database fails.
+    """
+    doing = f"recording slot {slot!r} of {lease.job_key!r} as done"
+    params: dict[str, Any] = {"job_key": lease.job_key, "slot": slot, "token": lease.token}
+    with mapped(doing, wrote=True), client._pool.connection() as conn, conn.transaction():
+        fence(conn, lease.job_key, lease.token, schema=client.schema)
+        conn.execute(query(client.schema, "exec_slot_done"), params)
+
+
+__all__ = [
+    "MAX_SLOT",
+    "SlotState",
+    "check_period",
+    "check_slot",
+    "format_slot",
+    "record_slot",
+    "slot_state",
+]
