@@ -793,6 +793,60 @@ def report(env: Env, rows: Sequence[Row]) -> bool:
     return ok
 
 
+def statement_wal(conn: psycopg.Connection[Any], stmt: bytes, params: Params) -> tuple[int, int]:
+    """(WAL records, WAL bytes) that one run of ``stmt`` writes, from its own plan
+    (EXPLAIN (ANALYZE, WAL)), so other sessions on the server do not count. Each top-level
+    ModifyTable node (the statement's own, or a data-modifying CTE's) counts once; the commit
+    record, the same for any statement that writes, is not included."""
+    conn.execute(b"BEGIN")
+    try:
+        row = conn.execute(b"EXPLAIN (ANALYZE, WAL, FORMAT JSON) " + stmt, params).fetchone()
+    finally:
+        conn.execute(b"COMMIT")
+    assert row is not None
+    records = size = 0
+    stack = [row[0][0]["Plan"]]
+    while stack:
+        node = stack.pop()
+        if node["Node Type"] == "ModifyTable":
+            records += node.get("WAL Records", 0)
+            size += node.get("WAL Bytes", 0)
+        else:
+            stack.extend(node.get("Plans", []))
+    return records, size
+
+
+def report_takeover(env: Env) -> None:
+    """What a takeover writes: tenure's acquire (the lease row and, for strict fencing, the
+    job-state row) against the seed's upsert (the lease row only). Counted, not timed."""
+    ttl = dt.timedelta(milliseconds=1)
+    ours: list[tuple[int, int]] = []
+    seeds: list[tuple[int, int]] = []
+    for i in range(5):
+        for stmt, found, params in (
+            (env.q["acquire"], ours, {"lock_timeout": "1000"}),
+            (SEED_ACQUIRE, seeds, {}),
+        ):
+            base = {"job_key": f"wal-{i}", "ttl": ttl, **params}
+            statement_wal(env.raw[0], stmt, {**base, "owner": uuid.uuid4()})  # first insert
+            time.sleep(0.005)  # the 1 ms lease expires: the next one is a takeover
+            found.append(statement_wal(env.raw[0], stmt, {**base, "owner": uuid.uuid4()}))
+    (our_records, our_bytes), (seed_records, seed_bytes) = (
+        (statistics.median(r for r, _ in got), statistics.median(b for _, b in got))
+        for got in (ours, seeds)
+    )
+    print()
+    print("takeover cost (one statement's own WAL, EXPLAIN ANALYZE WAL, median of 5; commit")
+    print("record excluded, the same for both):")
+    print(
+        f"  tenure's acquire: {our_records:g} WAL records, {our_bytes:g} bytes (the lease row, and "
+        "the job-state row that strict fencing moves to the new token)"
+    )
+    print(
+        f"  the seed's upsert: {seed_records:g} WAL records, {seed_bytes:g} bytes (the lease row)"
+    )
+
+
 def report_busy(env: Env, rows: Sequence[Row]) -> bool:
     params = {**env.sent["busy"], "job_key": "busy", "owner": uuid.uuid4()}
     ours = assigns_xid(env.admin, env.q["acquire"], params)
@@ -872,6 +926,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print()
         rows = [retrying(env, case, n, seconds, rounds) for case in CASES for n in CONNECTIONS]
         ok = report(env, rows)
+        report_takeover(env)
     finally:
         teardown(env, dsn, (schema, seed_schema))
     return 0 if ok else 1
