@@ -23,6 +23,7 @@ import pytest
 import tenure
 from tenure import metrics
 from tenure.scheduler import jobs as ops
+from tenure.scheduler.background import prune_once
 from tenure.scheduler.schedules import Schedule
 from tests.support.env import ROOT, run_tenure, tenure_env
 from tests.support.scheduler_apps import NEVER
@@ -444,3 +445,33 @@ def test_history_retention_prunes_old_finished_rows(client: tenure.Client, dsn: 
     assert deleted == 1
     left = query(dsn, client.schema, "SELECT job_key, outcome FROM {schema}.job_runs ORDER BY 1")
     assert left == [("new", "succeeded"), ("old", "running")]
+
+
+def test_pruning_keeps_up_with_more_than_one_batch_of_old_history(
+    client: tenure.Client, dsn: str
+) -> None:
+    """At 1,000 runs/s a 10-minute prune interval sees 600,000 new rows: one bounded batch
+    per interval would never catch up. A prune pass deletes batch after batch until the old
+    history is gone (here 2.5 batches of 1,000)."""
+    query(
+        dsn,
+        client.schema,
+        "INSERT INTO {schema}.job_runs (job_key, slot, kind, token, worker_id, host, pid, "
+        "started_at, outcome, recorded_at) SELECT 'old', now(), 'scheduled', t, 'w', 'h', 1, "
+        "now(), 'succeeded', now() - interval '10 days' FROM generate_series(1, 2500) t",
+    )
+    query(
+        dsn,
+        client.schema,
+        "INSERT INTO {schema}.job_runs (job_key, slot, kind, token, worker_id, host, pid, "
+        "started_at, outcome, recorded_at) VALUES ('new', now(), 'scheduled', 1, 'w', 'h', 1, "
+        "now(), 'succeeded', now())",
+    )
+
+    async def prune() -> int:
+        async with await tenure.connect_async(dsn, schema=client.schema) as aclient:
+            return await prune_once(aclient, dt.timedelta(days=7), batch=1000)
+
+    assert asyncio.run(prune()) == 2500
+    left = query(dsn, client.schema, "SELECT job_key, count(*) FROM {schema}.job_runs GROUP BY 1")
+    assert left == [("new", 1)]

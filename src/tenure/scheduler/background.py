@@ -21,9 +21,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tenure.scheduler")
 
-#: How often each worker prunes run history (jittered), and how many rows at a time.
+#: How often each worker prunes run history (jittered), how many rows one statement deletes,
+#: and the pause between two batches of one pass (claims and finishes run in between).
 PRUNE_EVERY = 600.0
 PRUNE_BATCH = 5000
+PRUNE_PAUSE = 0.05
 
 
 async def listen(
@@ -65,20 +67,36 @@ async def listen(
 
 
 async def prune(client: AsyncClient, retention: dt.timedelta) -> None:
-    """Delete run history older than ``retention``, in bounded batches, every
-    :data:`PRUNE_EVERY` seconds (the first time at a random moment, so workers started
-    together do not prune together)."""
+    """Every :data:`PRUNE_EVERY` seconds (the first time at a random moment, so workers
+    started together do not prune together), :func:`prune_once`."""
     await asyncio.sleep(random.uniform(1.0, 30.0))
     while True:
         try:
-            rows = await client._fetch(
-                "sched_prune",
-                {"retention": retention, "batch": PRUNE_BATCH},
-                doing="pruning run history",
-                wrote=True,
-            )
-            if rows and rows[0][0]:
-                log.info("pruned %d run history rows older than %s", rows[0][0], retention)
+            deleted = await prune_once(client, retention)
+            if deleted:
+                log.info("pruned %d run history rows older than %s", deleted, retention)
         except TenureError as exc:
             log.warning("pruning run history failed: %s", exc)
         await asyncio.sleep(PRUNE_EVERY * random.uniform(0.9, 1.1))
+
+
+async def prune_once(
+    client: AsyncClient, retention: dt.timedelta, *, batch: int = PRUNE_BATCH
+) -> int:
+    """Delete finished run history older than ``retention``: batch after batch until a batch
+    comes back short, so a pass keeps up however fast history grows, while each statement
+    stays short (its rows locked briefly, skipped by a concurrent pruner). Returns how many
+    rows were deleted."""
+    total = 0
+    while True:
+        rows = await client._fetch(
+            "sched_prune",
+            {"retention": retention, "batch": batch},
+            doing="pruning run history",
+            wrote=True,
+        )
+        deleted = int(rows[0][0]) if rows else 0
+        total += deleted
+        if deleted < batch:
+            return total
+        await asyncio.sleep(PRUNE_PAUSE)

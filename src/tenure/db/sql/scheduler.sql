@@ -280,14 +280,17 @@ SELECT (SELECT count(*) FROM job) AS matched,
 SELECT pg_notify(%(channel)s, %(payload)s)::text;
 
 -- name: sched_prune
--- Retention: delete finished history rows older than the retention, a bounded batch at a time.
+-- Retention: delete finished history rows older than the retention, a bounded batch at a time
+-- (the worker repeats it until a batch comes back short). SKIP LOCKED: two workers pruning at
+-- once take different rows instead of waiting for each other.
 WITH gone AS (
     DELETE FROM {schema}.job_runs
     WHERE run_id IN (
         SELECT run_id FROM {schema}.job_runs
         WHERE recorded_at < clock_timestamp() - %(retention)s::interval
           AND outcome <> 'running'
-        LIMIT %(batch)s)
+        LIMIT %(batch)s
+        FOR UPDATE SKIP LOCKED)
     RETURNING 1
 )
 SELECT count(*) FROM gone;
