@@ -25,8 +25,9 @@ LAYERS: list[set[str]] = [
     {"tenure.leases"},
     {"tenure.exec", "tenure.outbox", "tenure.scheduler"},
     # Integrations use the capabilities (the scheduler, exec's slots, the outbox); the command
-    # line never imports them, so that `tenure` loads no framework.
-    {"tenure.observability", "tenure.contrib"},
+    # line never imports them, so that `tenure` loads no framework. `tenure verify` drives the
+    # lease core and the scheduler under faults, beside them.
+    {"tenure.observability", "tenure.contrib", "tenure.verify"},
     {"tenure.cli"},
 ]
 

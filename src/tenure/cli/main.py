@@ -1,7 +1,7 @@
 """The ``tenure`` command group. Every option has a ``TENURE_*`` environment twin, shown in --help.
 
 Each command lives in the module of its capability (core, exec, scheduler, outbox,
-observability) and is registered here; those modules import :mod:`.common`, never this one.
+observability, verify) and is registered here; those modules import :mod:`.common`, never this one.
 Heavy imports (psycopg, rich) happen inside the commands that need them, so that
 ``tenure exec`` in a crontab starts fast.
 """
@@ -15,6 +15,7 @@ from .common import CONTEXT
 from .exec import exec_command
 from .outbox import outbox, relay
 from .scheduler import jobs, worker
+from .verify import verify_command
 
 
 @click.group(context_settings=CONTEXT)
@@ -35,6 +36,7 @@ def cli() -> None:
       tenure relay --webhook T=URL     deliver outbox messages, at least once
       tenure status                    every job: holder token, expiry, runs, failures, p95
       tenure doctor                    check DSN, connectivity, schema, clocks, PgBouncer
+      tenure verify                    prove the guarantee on your deployment, under faults
     """
 
 
@@ -51,6 +53,7 @@ for command in (
     worker,
     jobs,
     observability.doctor,
+    verify_command,
 ):
     cli.add_command(command)
 

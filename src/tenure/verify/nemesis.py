@@ -1,23 +1,24 @@
-"""The nemesis: a thread that injects faults into the workers and the server.
+"""The nemesis: a thread that injects faults into the run's workers.
 
-Faults (each logged as a JSON line with the database time when the server answers):
+* ``pause``: SIGSTOP a worker, SIGCONT it 1.5-3 TTLs later. It prefers a worker whose last
+  logged operation is ``work`` (it holds a lease and is about to write): the pause that
+  makes a stale holder.
+* ``kill``: SIGKILL a worker; the runner starts its next incarnation shortly after.
+* ``terminate``: ``pg_terminate_backend`` on the backends serving the workers, found by
+  their last statement naming the run's own schema (see ``verify_terminate``), so nobody
+  else's connections are ever touched. Needs a role that may signal them; without it the
+  runner leaves this fault out and says so.
+* ``restart``: restart the PostgreSQL server through a callback. ``tenure verify`` never
+  offers it (it never restarts a server it did not start); the test suite passes one for a
+  throwaway server it started itself.
 
-* ``pause``: SIGSTOP a worker, SIGCONT it 2-3.5 TTLs later. It prefers a worker whose last
-  logged operation is ``work`` (it holds a lease and is about to write), because that is
-  the pause that produces a stale holder.
-* ``kill``: SIGKILL a worker; the runner starts a new incarnation shortly after.
-* ``terminate``: ``pg_terminate_backend`` on the workers' backends (tenure's pool,
-  application_name ``tenure``, and their ledger connections, ``tenure-chaos``). On a server
-  the run started itself that is every such backend; on a shared server (``--dsn``) only
-  the backends whose client port belongs to a worker process (found via /proc), so other
-  people's tenure connections are never touched.
-* ``restart``: restart the PostgreSQL server (``fast`` or ``immediate`` shutdown, then
-  start on the same port). Only ever offered for a server the run started itself.
+Pause and kill only ever signal the run's own worker processes.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import signal
@@ -30,41 +31,13 @@ from typing import IO, Any
 
 import psycopg
 
-from tests.support.servers import PgServer
+from ..db.queries import query
+from ..db.timeouts import CONNECTION_KWARGS
+from .config import RESTART
 
-TERMINATE_SQL = (
-    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-    "WHERE application_name IN ('tenure', 'tenure-chaos') AND pid <> pg_backend_pid()"
-)
-TERMINATE_PORTS_SQL = TERMINATE_SQL + " AND client_port = ANY(%s)"
+log = logging.getLogger("tenure.verify.nemesis")
 
-
-def worker_client_ports(pids: list[int]) -> list[int]:
-    """Local TCP ports of the sockets the given processes hold (Linux /proc)."""
-    inodes: set[str] = set()
-    for pid in pids:
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                inodes.add(target[8:-1])
-    ports: list[int] = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            cols = line.split()
-            if len(cols) > 9 and cols[9] in inodes:
-                ports.append(int(cols[1].rsplit(":", 1)[1], 16))
-    return ports
+_WEIGHTS = {"pause": 5, "kill": 2, "terminate": 2, RESTART: 2}
 
 
 class Nemesis(threading.Thread):
@@ -72,32 +45,33 @@ class Nemesis(threading.Thread):
         self,
         *,
         dsn: str,
+        schema: str,
         workers: Callable[[], dict[int, int]],
         oplog_of: Callable[[int], Path],
-        on_kill: Callable[[int], None],
         ttl: float,
-        faults: list[str],
-        server: PgServer | None,
-        log: IO[str],
-        seed: int | None,
+        faults: tuple[str, ...],
+        log_to: IO[str],
+        seed: int,
+        restart: Callable[[str], None] | None = None,
         interval: tuple[float, float] = (0.4, 1.2),
         restart_every: float = 8.0,
     ) -> None:
-        super().__init__(name="nemesis", daemon=True)
-        if "restart" in faults and server is None:
-            raise ValueError("the nemesis only restarts a server the run started itself")
+        super().__init__(name="tenure-verify-nemesis", daemon=True)
+        if RESTART in faults and restart is None:
+            raise ValueError("the restart fault needs a restart callback (a server we started)")
         self.dsn = dsn
-        self.workers = workers  # worker id -> pid, as the runner knows them now
+        self.schema = schema
+        self.workers = workers  # worker number -> pid of its live incarnation
         self.oplog_of = oplog_of
-        self.on_kill = on_kill
         self.ttl = ttl
         self.faults = faults
-        self.server = server
-        self.log = log
+        self.restart = restart
+        self.log_to = log_to
         self.rng = random.Random(seed)
         self.interval = interval
         self.restart_every = restart_every
         self.counts: Counter[str] = Counter()
+        self.failed: Counter[str] = Counter()
         self.stopping = threading.Event()
         self._paused: dict[int, float] = {}  # pid -> monotonic time to SIGCONT
         self._lock = threading.Lock()
@@ -106,23 +80,26 @@ class Nemesis(threading.Thread):
         self._first_pass = self.rng.sample(list(faults), len(faults))
         self._last_restart = time.monotonic() - restart_every
 
-    # -- bookkeeping ----------------------------------------------------------------------
+    def _connect(self) -> psycopg.Connection[Any]:
+        return psycopg.connect(
+            self.dsn,
+            **{**CONNECTION_KWARGS, "connect_timeout": 2, "application_name": "tenure verify"},
+        )
 
     def _db_now(self) -> str | None:
         try:
-            with psycopg.connect(
-                self.dsn, autocommit=True, connect_timeout=2, application_name="chaos-nemesis"
-            ) as conn:
+            with self._connect() as conn:
                 row = conn.execute(b"SELECT clock_timestamp()").fetchone()
         except psycopg.Error:
             return None
         return row[0].isoformat() if row else None
 
     def _record(self, fault: str, **fields: Any) -> None:
-        self.counts[fault] += 1
         line = {"fault": fault, "db_at": self._db_now(), "t": time.time(), **fields}
-        self.log.write(json.dumps(line, default=str) + "\n")
-        self.log.flush()
+        with self._lock:
+            self.counts[fault] += 1
+            self.log_to.write(json.dumps(line, default=str) + "\n")
+            self.log_to.flush()
 
     # -- loop -----------------------------------------------------------------------------
 
@@ -134,37 +111,45 @@ class Nemesis(threading.Thread):
                 continue
             try:
                 getattr(self, f"_{fault}")()
-            except Exception as exc:  # a fault that failed is logged, the run goes on
-                self._record(f"{fault}-failed", err=repr(exc))
+            except Exception as exc:  # a fault that failed is counted; the run goes on
+                self.failed[fault] += 1
+                log.warning("fault %s failed: %s", fault, exc)
         self.resume_all()
 
     def stop(self) -> None:
         self.stopping.set()
-        self.join(60)
+        if self.is_alive():
+            self.join(60)
         self.resume_all()
 
     def _choose(self) -> str | None:
         if self._first_pass:
             return self._first_pass.pop()
         choices = list(self.faults)
-        if "restart" in choices and time.monotonic() - self._last_restart < self.restart_every:
-            choices.remove("restart")
-        weights = {"pause": 5, "kill": 2, "terminate": 2, "restart": 2}
+        if RESTART in choices and time.monotonic() - self._last_restart < self.restart_every:
+            choices.remove(RESTART)
         if not choices:
             return None
-        return self.rng.choices(choices, weights=[weights[c] for c in choices])[0]
+        return self.rng.choices(choices, weights=[_WEIGHTS[c] for c in choices])[0]
 
     def _victim(self, *, prefer_working: bool) -> tuple[int, int] | None:
-        with self._lock:
-            paused = set(self._paused)
-        candidates = [(w, pid) for w, pid in self.workers().items() if pid not in paused]
-        if not candidates:
-            return None
-        if prefer_working and self.rng.random() < 0.8:
+        """A live, unpaused worker. ``prefer_working``: usually one that holds a lease and is
+        about to write (waiting up to half a second for one): the fault that matters."""
+        wait_until = time.monotonic() + (0.5 if prefer_working else 0.0)
+        want_working = prefer_working and self.rng.random() < 0.8
+        while True:
+            with self._lock:
+                paused = set(self._paused)
+            candidates = [(w, pid) for w, pid in self.workers().items() if pid not in paused]
+            if not candidates:
+                return None
+            if not want_working:
+                return self.rng.choice(candidates)
             working = [c for c in candidates if self._last_op(c[0]) == "work"]
             if working:
                 return self.rng.choice(working)
-        return self.rng.choice(candidates)
+            if time.monotonic() >= wait_until or self.stopping.wait(0.05):
+                return self.rng.choice(candidates)
 
     def _last_op(self, worker: int) -> str | None:
         try:
@@ -189,7 +174,7 @@ class Nemesis(threading.Thread):
         if victim is None:
             return
         worker, pid = victim
-        seconds = self.rng.uniform(2.0, 3.5) * self.ttl
+        seconds = self.rng.uniform(1.5, 3.0) * self.ttl
         try:
             os.kill(pid, signal.SIGSTOP)
         except ProcessLookupError:
@@ -229,23 +214,18 @@ class Nemesis(threading.Thread):
         except ProcessLookupError:
             return
         self._record("kill", worker=worker, pid=pid)
-        self.on_kill(worker)
 
     def _terminate(self) -> None:
-        with psycopg.connect(
-            self.dsn, autocommit=True, connect_timeout=2, application_name="chaos-nemesis"
-        ) as conn:
-            if self.server is not None:
-                row = conn.execute(TERMINATE_SQL.encode()).fetchone()
-            else:
-                ports = worker_client_ports(list(self.workers().values()))
-                row = conn.execute(TERMINATE_PORTS_SQL.encode(), (ports,)).fetchone()
+        with self._connect() as conn:
+            row = conn.execute(
+                query(self.schema, "verify_terminate"), {"schema_name": self.schema}
+            ).fetchone()
         self._record("terminate", backends=row[0] if row else 0)
 
     def _restart(self) -> None:
-        assert self.server is not None
+        assert self.restart is not None
         mode = self.rng.choice(["fast", "immediate"])
         started = time.monotonic()
-        self.server.restart(mode)
+        self.restart(mode)
         self._last_restart = time.monotonic()
-        self._record("restart", mode=mode, down_s=round(self._last_restart - started, 3))
+        self._record(RESTART, mode=mode, down_s=round(self._last_restart - started, 3))
