@@ -250,11 +250,10 @@ def run(
     faults = list(cfg.faults)
     skipped: dict[str, str] = {}
     notes: list[str] = []
+    checker_conn = _direct(dsn, "checker")
     own_out = cfg.out is None
     out = cfg.out or Path(tempfile.mkdtemp(prefix="tenure-verify-"))
     out.mkdir(parents=True, exist_ok=True)
-
-    checker_conn = _direct(dsn, "checker")
     workers: _Workers | None = None
     nemesis: Nemesis | None = None
     created = False
@@ -325,6 +324,7 @@ def run(
                 stop.set()
             finally:
                 interrupted = stop.is_set()
+                elapsed = time.monotonic() - started
                 nemesis.stop()  # resumes the paused workers
         if not interrupted:
             # Let the workers that were paused late in the run make their (stale) writes:
@@ -350,7 +350,6 @@ def run(
         faults_log = read_faults(out / "nemesis.jsonl")
         result = checker.check(ops, snap)
         shortest = checker.shortest_excerpt(result.violations, ops, faults_log, snap)
-        elapsed = time.monotonic() - started
         return VerifyResult.build(
             cfg=cfg,
             where=where,
