@@ -141,3 +141,39 @@ async def long_async(ctx: tenure.JobContext) -> None:
     await record_async(ctx, "started")
     await asyncio.sleep(float(os.environ.get("SCHED_SLOW", "60")))
     await record_async(ctx, "finished")
+
+
+# -- hostile: job bodies that raise what a job must never let out (triggered by the tests) -----
+
+hostile = tenure.Scheduler()
+
+
+@hostile.job("exit-sync", cron=NEVER, ttl="5s")
+def exit_sync(ctx: tenure.JobContext) -> None:
+    sys.exit(3)
+
+
+@hostile.job("exit-async", cron=NEVER, ttl="5s")
+async def exit_async(ctx: tenure.JobContext) -> None:
+    await asyncio.sleep(0)
+    sys.exit(4)
+
+
+@hostile.job("interrupt-sync", cron=NEVER, ttl="5s")
+def interrupt_sync(ctx: tenure.JobContext) -> None:
+    raise KeyboardInterrupt
+
+
+@hostile.job("interrupt-async", cron=NEVER, ttl="5s")
+async def interrupt_async(ctx: tenure.JobContext) -> None:
+    raise KeyboardInterrupt
+
+
+@hostile.job("cancel-itself", cron=NEVER, ttl="5s")
+async def cancel_itself(ctx: tenure.JobContext) -> None:
+    raise asyncio.CancelledError("the body raised this itself")
+
+
+@hostile.job("innocent", every="1s", ttl="5s", misfire="all")
+def innocent(ctx: tenure.JobContext) -> None:
+    record(ctx)
