@@ -177,3 +177,19 @@ async def cancel_itself(ctx: tenure.JobContext) -> None:
 @hostile.job("innocent", every="1s", ttl="5s", misfire="all")
 def innocent(ctx: tenure.JobContext) -> None:
     record(ctx)
+
+
+# -- poison: a job that kills its worker process, next to an innocent one ---------------------
+
+poison = tenure.Scheduler()
+POISON_EXIT = 7
+
+
+@poison.job("poison", every="1s", ttl="2s")
+def poison_job(ctx: tenure.JobContext) -> None:
+    os._exit(POISON_EXIT)  # what a segfault or the OOM killer does: no finally, no record
+
+
+@poison.job("innocent", every="1s", ttl="3s", misfire="all")
+def poison_neighbour(ctx: tenure.JobContext) -> None:
+    record(ctx)

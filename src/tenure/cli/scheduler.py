@@ -179,18 +179,18 @@ def jobs_list(dsn: str | None, schema: str, log_level: str, log_format: str, as_
 
     table = Table("job", "schedule", "state", "next slot (db)", "token", "last outcome")
     for job in found:
-        state = "paused" if job.paused else "running" if job.running_slot else "scheduled"
-        if job.trigger_pending:
-            state += " +trigger"
         table.add_row(
             job.job_key,
             job.schedule,
-            state,
+            job.state,
             _when(job.next_slot),
             str(job.token or "-"),
             f"{job.last_outcome} ({_when(job.last_slot)})" if job.last_outcome else "-",
         )
     Console().print(table)
+    for job in found:
+        if job.quarantined is not None:
+            click.echo(f"{job.job_key}: {job.quarantined}")
 
 
 @jobs_group.command("pause", context_settings=CONTEXT)
@@ -211,15 +211,20 @@ def jobs_pause(dsn: str | None, schema: str, log_level: str, log_format: str, ke
 @click.argument("key", envvar="TENURE_JOB_KEY")
 @handle_errors
 def jobs_resume(dsn: str | None, schema: str, log_level: str, log_format: str, key: str) -> None:
-    """Resume KEY from now on (slots that passed while it was paused are not run)."""
+    """Resume KEY from now on (slots that passed while it was paused are not run).
+
+    Also lifts a quarantine (a job paused because its runs kept killing their workers):
+    deploy the fix first.
+    """
     from ..scheduler.jobs import channel_name, resume
 
     with _client(dsn, schema, log_level, log_format) as client:
-        next_slot = resume(client, key, channel=channel_name(schema))
-    if next_slot is None:
+        done = resume(client, key, channel=channel_name(schema))
+    if done is None:
         click.echo(f"{key}: was not paused")
     else:
-        click.echo(f"{key}: resumed, next slot {next_slot.isoformat()}")
+        lifted = "quarantine lifted, " if done.quarantine is not None else ""
+        click.echo(f"{key}: {lifted}resumed, next slot {done.next_slot.isoformat()}")
 
 
 @jobs_group.command("trigger", context_settings=CONTEXT)

@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 
 from ..errors import InvalidArgument
 from ..validation import Duration, check_job_key, check_ttl, parse_duration
-from .schedules import MISFIRE_POLICIES, ON_CRASH_POLICIES, Policy, Schedule
+from .schedules import MISFIRE_POLICIES, ON_CRASH_POLICIES, QUARANTINE_AFTER, Policy, Schedule
 from .spec import JobFunction, JobSpec
 from .worker import Worker, register
 
@@ -109,6 +109,7 @@ class Scheduler:
         misfire: str = "latest",
         misfire_grace: Duration | None = None,
         on_crash: str = "retry",
+        quarantine_after: int | None = QUARANTINE_AFTER,
     ) -> Callable[[F], F]:
         """Decorator: register ``fn(ctx)`` as job ``key``.
 
@@ -119,6 +120,9 @@ class Scheduler:
         slot, oldest first) or "skip" (only a slot that is on time); ``misfire_grace``: how
         late a slot may start and still run (default: no limit, 1s for "skip"). ``on_crash``:
         "retry" the slot of a run whose holder died, or "skip" it (recorded abandoned).
+        ``quarantine_after``: after this many consecutive runs that ended with their worker
+        gone (the process died mid-run: ``os._exit``, a segfault, the OOM killer), the job is
+        quarantined: paused with the reason, until ``tenure jobs resume``; None: never.
         """
 
         def register(fn: F) -> F:
@@ -132,6 +136,7 @@ class Scheduler:
                 misfire=misfire,
                 misfire_grace=misfire_grace,
                 on_crash=on_crash,
+                quarantine_after=quarantine_after,
             )
             return fn
 
@@ -149,6 +154,7 @@ class Scheduler:
         misfire: str = "latest",
         misfire_grace: Duration | None = None,
         on_crash: str = "retry",
+        quarantine_after: int | None = QUARANTINE_AFTER,
     ) -> JobSpec:
         """Register ``fn`` as job ``key`` (the non-decorator form of :meth:`job`)."""
         check_job_key(key)
@@ -179,7 +185,17 @@ class Scheduler:
             grace = parse_duration(misfire_grace, what=f"job {key!r}: misfire_grace")
             if grace < 0:
                 raise InvalidArgument(f"job {key!r}: misfire_grace must not be negative")
-        spec = JobSpec(key, fn, schedule, check_ttl(ttl), Policy(misfire, grace, on_crash))
+        if quarantine_after is not None and (
+            isinstance(quarantine_after, bool)
+            or not isinstance(quarantine_after, int)
+            or quarantine_after < 1
+        ):
+            raise InvalidArgument(
+                f"job {key!r}: quarantine_after must be a positive integer (runs in a row that "
+                f"ended with their worker gone) or None for never, got {quarantine_after!r}"
+            )
+        policy = Policy(misfire, grace, on_crash, quarantine_after)
+        spec = JobSpec(key, fn, schedule, check_ttl(ttl), policy)
         self._jobs[key] = spec
         return spec
 

@@ -36,6 +36,7 @@ async def register(client: AsyncClient, specs: list[JobSpec], *, defined_by: str
             for s in ordered
         ],
         "on_crashes": [s.policy.on_crash for s in ordered],
+        "quarantine_afters": [s.policy.quarantine_after for s in ordered],
         "next_slots": [s.schedule.next_after(now) for s in ordered],
         "defined_by": defined_by,
         "channel": channel_name(client.schema),

@@ -64,8 +64,8 @@ log = logging.getLogger("tenure.scheduler")
 MAX_IDLE = 10.0
 #: Pause before claiming again when due jobs were left to a concurrent claimer.
 CONTENTION_BACKOFF = 0.02
-#: The schema version that has the scheduler's tables.
-SCHEMA_VERSION = 3
+#: The schema version that has the scheduler's tables (5: quarantine and app ownership).
+SCHEMA_VERSION = 5
 
 
 class Worker:
@@ -343,6 +343,13 @@ class Worker:
                 )
                 metrics.emit(metrics.RELEASE, claim.job_key, value=0.0)
                 continue
+            if decided.quarantine is not None:
+                log.error(
+                    "job %r %s",
+                    claim.job_key,
+                    decided.quarantine,
+                    extra={**extra, "quarantined": True},
+                )
             self._report_skipped(claim, decided)
             if decided.run_slot is None:
                 metrics.emit(metrics.RELEASE, claim.job_key, value=0.0)
@@ -368,6 +375,8 @@ class Worker:
                 extra=extra,
             )
         for s in abandoned:
+            if decided.quarantine is not None:
+                continue  # logged as the quarantine
             log.warning(
                 "job %r: slot %s abandoned: %s",
                 claim.job_key,
