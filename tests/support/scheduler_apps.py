@@ -193,3 +193,19 @@ def poison_job(ctx: tenure.JobContext) -> None:
 @poison.job("innocent", every="1s", ttl="3s", misfire="all")
 def poison_neighbour(ctx: tenure.JobContext) -> None:
     record(ctx)
+
+
+# -- owner_a / owner_b: two apps that define the same job key (SHARED_EVERY: owner_a's) ------
+
+owner_a = tenure.Scheduler()
+owner_b = tenure.Scheduler()
+
+
+@owner_a.job("shared", every=os.environ.get("SHARED_EVERY", "10s"), ttl="5s")
+def shared_a(ctx: tenure.JobContext) -> None:
+    record(ctx, "owner_a")
+
+
+@owner_b.job("shared", cron=NEVER, ttl="5s")
+def shared_b(ctx: tenure.JobContext) -> None:
+    record(ctx, "owner_b")

@@ -33,7 +33,9 @@ import asyncio
 import datetime as dt
 import inspect
 import logging
+import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
@@ -63,12 +65,16 @@ class Scheduler:
     ``shutdown_grace``: how long a stopping worker lets running jobs finish.
     ``history_retention``: run history older than this is pruned by the workers.
     ``migrate``: apply pending migrations when a worker starts.
+    ``name``: the app its job definitions belong to (default: ``MODULE:ATTR`` as given to
+    ``tenure worker``, else the module and variable this Scheduler is bound to). A worker of
+    another app that defines one of its job keys refuses to start unless it adopts the job.
     """
 
     def __init__(
         self,
         dsn: str | None = None,
         *,
+        name: str | None = None,
         schema: str = "tenure",
         concurrency: int = DEFAULT_CONCURRENCY,
         shutdown_grace: Duration = DEFAULT_SHUTDOWN_GRACE,
@@ -87,12 +93,26 @@ class Scheduler:
             raise InvalidArgument(f"pool_size must be at least 2, got {pool_size}")
         self.pool_size = pool_size
         self.migrate = migrate
+        self._name = None if name is None else _check_name(name)
+        #: Set by ``tenure worker MODULE:ATTR`` (the path as given) when ``name`` is not.
+        self.default_name: str | None = None
+        # Where the Scheduler was created: its default name is found there.
+        self._module = sys._getframe(1).f_globals.get("__name__", "?")
         self._jobs: dict[str, JobSpec] = {}
         self._worker: Worker | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def __repr__(self) -> str:
         return f"<Scheduler schema={self.schema!r} jobs={len(self._jobs)}>"
+
+    @property
+    def name(self) -> str:
+        """The app that owns this Scheduler's job definitions in the database."""
+        if self._name is not None:
+            return self._name
+        if self.default_name is not None:
+            return self.default_name
+        return _guess_name(self, self._module)
 
     @property
     def jobs(self) -> Mapping[str, JobSpec]:
@@ -202,10 +222,16 @@ class Scheduler:
     # -- running ----------------------------------------------------------------------------
 
     def run(
-        self, *, concurrency: int | None = None, shutdown_grace: Duration | None = None
+        self,
+        *,
+        concurrency: int | None = None,
+        shutdown_grace: Duration | None = None,
+        adopt: bool = False,
     ) -> None:
         """Run a worker until SIGTERM/SIGINT (a second one cancels running jobs)."""
-        asyncio.run(self.run_async(concurrency=concurrency, shutdown_grace=shutdown_grace))
+        asyncio.run(
+            self.run_async(concurrency=concurrency, shutdown_grace=shutdown_grace, adopt=adopt)
+        )
 
     async def run_async(
         self,
@@ -213,8 +239,12 @@ class Scheduler:
         concurrency: int | None = None,
         shutdown_grace: Duration | None = None,
         handle_signals: bool = True,
+        adopt: bool = False,
     ) -> None:
         """Run a worker on the running event loop until :meth:`stop` or a signal.
+
+        ``adopt``: take over job keys that another app (another :attr:`name`) registered;
+        without it the worker refuses to start (:class:`~tenure.JobOwnedByAnotherApp`).
 
         With ``handle_signals`` (and on the main thread) SIGTERM and SIGINT stop it
         gracefully: no new claims, running jobs get ``shutdown_grace`` to finish, then they
@@ -231,6 +261,7 @@ class Scheduler:
             shutdown_grace=(
                 self.shutdown_grace if shutdown_grace is None else _check_grace(shutdown_grace)
             ),
+            adopt=adopt,
         )
         loop = asyncio.get_running_loop()
         handled: list[signal.Signals] = []
@@ -254,16 +285,22 @@ class Scheduler:
             return
         loop.call_soon_threadsafe(worker.request_stop, cancel)
 
-    async def register_async(self) -> None:
+    async def register_async(self, *, adopt: bool = False) -> None:
         """Register (upsert) the job definitions without running a worker, e.g. in a deploy
-        step. Workers do this when they start."""
+        step. Workers do this when they start. ``adopt``: as in :meth:`run_async`."""
         from ..leases._async.client import connect_async
 
         async with await connect_async(self.dsn, schema=self.schema, migrate=self.migrate) as c:
-            await register(c, list(self._jobs.values()), defined_by="register()")
+            await register(
+                c,
+                list(self._jobs.values()),
+                defined_by="register()",
+                app=self.name,
+                adopt=adopt,
+            )
 
-    def register(self) -> None:
-        asyncio.run(self.register_async())
+    def register(self, *, adopt: bool = False) -> None:
+        asyncio.run(self.register_async(adopt=adopt))
 
 
 def _check_signature(key: str, fn: Callable[..., Any]) -> None:
@@ -278,6 +315,33 @@ def _check_signature(key: str, fn: Callable[..., Any]) -> None:
             f"job {key!r}: {getattr(fn, '__qualname__', fn)!r} must accept one argument, the "
             f"JobContext (its signature is {sig})"
         ) from None
+
+
+def _check_name(name: str) -> str:
+    if not isinstance(name, str) or not name.strip() or len(name) > 500:
+        raise InvalidArgument(
+            f"name must be a non-empty string of at most 500 characters (the app that owns "
+            f"the job definitions, e.g. 'billing'), got {name!r}"
+        )
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise InvalidArgument(f"name must not contain control characters, got {name!r}")
+    return name
+
+
+def _guess_name(app: Scheduler, module: str) -> str:
+    """``MODULE:ATTR`` of the variable ``app`` is bound to in the module that created it, as
+    ``tenure worker MODULE:ATTR`` would name it (a script run as ``__main__`` by its file's
+    or its ``-m`` module's name); just ``MODULE`` if it is bound to no module variable."""
+    loaded = sys.modules.get(module)
+    attrs = sorted(k for k, v in vars(loaded).items() if v is app) if loaded is not None else []
+    if module == "__main__" and loaded is not None:
+        spec = getattr(loaded, "__spec__", None)
+        path = getattr(loaded, "__file__", None)
+        if spec is not None and spec.name:
+            module = spec.name
+        elif path:
+            module = os.path.splitext(os.path.basename(path))[0]
+    return f"{module}:{attrs[0]}" if attrs else module
 
 
 def _check_concurrency(value: int) -> int:

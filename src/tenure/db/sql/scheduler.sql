@@ -3,12 +3,18 @@
 -- slot times are computed in Python (cronsim) from database times only, and passed in.
 
 -- name: sched_register
--- Upsert this worker's job definitions (sorted by key, so concurrent registrations lock rows
--- in the same order). An identical definition writes nothing; a changed one wins (the newest
--- registration), bumps the revision and, if the schedule itself changed, restarts it at the
--- first slot after now. Returns one row per inserted or changed job, with the old definition
--- (NULLs for a new job) so the worker can log what changed. The job_state row (token 0 until
--- the first claim) lets the claim lock it with SKIP LOCKED.
+-- Upsert app %(app)s's job definitions (sorted by key, so concurrent registrations lock rows
+-- in the same order). A definition belongs to the app that registered it: if another app
+-- owns any of these keys, nothing is written (unless %(adopt)s) and those keys come back as
+-- conflict rows, so the worker refuses to start instead of flipping the definition back and
+-- forth on every deploy of either app. The owner is re-checked on each locked row (a
+-- concurrent registration by another app between the read and the write keeps its row).
+-- An identical definition writes nothing; a changed one bumps the revision and, if the
+-- schedule itself changed, restarts it at the first slot after now; a change of owner alone
+-- (adopt, or stamping a row registered before owners existed) keeps the revision. Returns
+-- one row per inserted or changed job, with the old definition (NULLs for a new job) so the
+-- worker can log what changed. The job_state row (token 0 until the first claim) lets the
+-- claim lock it with SKIP LOCKED.
 WITH incoming AS (
     SELECT *
     FROM unnest(%(keys)s::text[], %(crons)s::text[], %(everys)s::interval[],
@@ -19,16 +25,22 @@ WITH incoming AS (
              quarantine_after)
 ), old AS MATERIALIZED (
     SELECT j.job_key, j.cron, j.every, j.timezone, j.ttl, j.misfire, j.misfire_grace,
-           j.on_crash, j.defined_by, j.defined_at
+           j.on_crash, j.defined_by, j.defined_at, j.app, j.revision
     FROM {schema}.scheduled_jobs AS j
     WHERE j.job_key IN (SELECT job_key FROM incoming)
+), conflicts AS MATERIALIZED (
+    SELECT o.job_key, o.app, o.defined_by, o.defined_at
+    FROM old AS o
+    WHERE o.app IS NOT NULL AND o.app <> %(app)s AND NOT %(adopt)s::boolean
 ), upserted AS (
     INSERT INTO {schema}.scheduled_jobs AS j
         (job_key, cron, every, timezone, ttl, misfire, misfire_grace, on_crash, defined_at,
-         defined_by, next_slot, quarantine_after)
+         defined_by, next_slot, quarantine_after, app)
     SELECT i.job_key, i.cron, i.every, i.timezone, i.ttl, i.misfire, i.misfire_grace,
-           i.on_crash, clock_timestamp(), %(defined_by)s, i.next_slot, i.quarantine_after
+           i.on_crash, clock_timestamp(), %(defined_by)s, i.next_slot, i.quarantine_after,
+           %(app)s
     FROM incoming AS i
+    WHERE NOT EXISTS (SELECT 1 FROM conflicts)
     ORDER BY i.job_key
     ON CONFLICT (job_key) DO UPDATE
     SET cron = excluded.cron,
@@ -39,7 +51,14 @@ WITH incoming AS (
         misfire_grace = excluded.misfire_grace,
         on_crash = excluded.on_crash,
         quarantine_after = excluded.quarantine_after,
-        revision = j.revision + 1,
+        app = excluded.app,
+        revision = CASE
+            WHEN (j.cron, j.every, j.timezone, j.ttl, j.misfire, j.misfire_grace, j.on_crash,
+                  j.quarantine_after)
+                 IS DISTINCT FROM (excluded.cron, excluded.every, excluded.timezone,
+                                   excluded.ttl, excluded.misfire, excluded.misfire_grace,
+                                   excluded.on_crash, excluded.quarantine_after)
+            THEN j.revision + 1 ELSE j.revision END,
         defined_at = excluded.defined_at,
         defined_by = excluded.defined_by,
         next_slot = CASE
@@ -47,26 +66,33 @@ WITH incoming AS (
                  IS DISTINCT FROM (excluded.cron, excluded.every, excluded.timezone)
             THEN excluded.next_slot ELSE j.next_slot END
     WHERE (j.cron, j.every, j.timezone, j.ttl, j.misfire, j.misfire_grace, j.on_crash,
-           j.quarantine_after)
+           j.quarantine_after, j.app)
           IS DISTINCT FROM (excluded.cron, excluded.every, excluded.timezone, excluded.ttl,
                             excluded.misfire, excluded.misfire_grace, excluded.on_crash,
-                            excluded.quarantine_after)
+                            excluded.quarantine_after, excluded.app)
+      AND (j.app IS NULL OR j.app = excluded.app OR %(adopt)s::boolean)
     RETURNING j.job_key, j.revision, j.next_slot
 ), state AS (
     INSERT INTO {schema}.job_state (job_key, token)
     SELECT job_key, 0 FROM incoming
+    WHERE NOT EXISTS (SELECT 1 FROM conflicts)
     ORDER BY job_key
     ON CONFLICT (job_key) DO NOTHING
 )
 SELECT u.job_key, u.revision, u.next_slot, o.cron, o.every, o.timezone, o.ttl, o.misfire,
-       o.misfire_grace, o.on_crash, o.defined_by, o.defined_at,
+       o.misfire_grace, o.on_crash, o.defined_by, o.defined_at, o.app,
+       u.revision IS DISTINCT FROM o.revision AS redefined, false AS conflict,
        pg_notify(%(channel)s, 'defined')::text AS notified
 FROM upserted AS u
-LEFT JOIN old AS o ON o.job_key = u.job_key;
+LEFT JOIN old AS o ON o.job_key = u.job_key
+UNION ALL
+SELECT c.job_key, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, c.defined_by,
+       c.defined_at, c.app, false, true, NULL
+FROM conflicts AS c;
 
 -- name: sched_claim
--- Claim up to %(limit)s due jobs in ONE statement, for a worker that runs every job key except
--- %(exclude)s. A job is due when its due_at (next slot, or -infinity for a pending retry or
+-- Claim up to %(limit)s due jobs in ONE statement, for a worker of app %(app)s that runs every
+-- job key of its app (or not yet stamped with one) except %(exclude)s. A job is due when its due_at (next slot, or -infinity for a pending retry or
 -- trigger) has passed by the database clock, it is not paused, its lease is not live, and no
 -- other worker is claiming it (SKIP LOCKED on the job row and on its fence row: a job whose
 -- previous holder still has a fenced transaction open is left for a later claim instead of
@@ -95,6 +121,7 @@ WITH clock AS MATERIALIZED (
     WHERE NOT j.paused
       AND j.due_at <= (SELECT now FROM clock)
       AND j.job_key <> ALL (%(exclude)s::text[])
+      AND (j.app IS NULL OR j.app = %(app)s)
       AND NOT EXISTS (
           SELECT 1 FROM {schema}.job_leases AS l
           WHERE l.job_key = j.job_key AND l.lease_until >= clock_timestamp())
@@ -132,15 +159,18 @@ WITH clock AS MATERIALIZED (
     SELECT least(
         (SELECT min(j.due_at) FROM {schema}.scheduled_jobs AS j
          WHERE NOT j.paused AND j.due_at > c.now
-           AND j.job_key <> ALL (%(exclude)s::text[])),
+           AND j.job_key <> ALL (%(exclude)s::text[])
+           AND (j.app IS NULL OR j.app = %(app)s)),
         (SELECT min(l.lease_until)
          FROM {schema}.scheduled_jobs AS j
          JOIN {schema}.job_leases AS l ON l.job_key = j.job_key
          WHERE NOT j.paused AND j.due_at <= c.now AND l.lease_until >= c.now
-           AND j.job_key <> ALL (%(exclude)s::text[])),
+           AND j.job_key <> ALL (%(exclude)s::text[])
+           AND (j.app IS NULL OR j.app = %(app)s)),
         (SELECT c.now FROM {schema}.scheduled_jobs AS j
          WHERE NOT j.paused AND j.due_at <= c.now
            AND j.job_key <> ALL (%(exclude)s::text[])
+           AND (j.app IS NULL OR j.app = %(app)s)
            AND j.job_key NOT IN (SELECT job_key FROM due)
            AND NOT EXISTS (
                SELECT 1 FROM {schema}.job_leases AS l
