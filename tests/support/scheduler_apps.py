@@ -209,3 +209,49 @@ def shared_a(ctx: tenure.JobContext) -> None:
 @owner_b.job("shared", cron=NEVER, ttl="5s")
 def shared_b(ctx: tenure.JobContext) -> None:
     record(ctx, "owner_b")
+
+
+# -- isolated: bodies in a child process (isolation="process") ---------------------------------
+
+isolated = tenure.Scheduler()
+
+
+@isolated.job("segfault", cron=NEVER, ttl="5s", isolation="process")
+def segfault(ctx: tenure.JobContext) -> None:
+    import ctypes
+
+    ctypes.string_at(0)  # SIGSEGV: what a crashing C extension does
+
+
+@isolated.job("exit-hard", cron=NEVER, ttl="5s", isolation="process")
+def exit_hard(ctx: tenure.JobContext) -> None:
+    os._exit(5)
+
+
+@isolated.job("raises", cron=NEVER, ttl="5s", isolation="process")
+def raises(ctx: tenure.JobContext) -> None:
+    raise ValueError("boom")
+
+
+@isolated.job("writes", cron=NEVER, ttl="5s", isolation="process")
+def writes(ctx: tenure.JobContext) -> None:
+    record(ctx)
+    ctx.results.put({"pid": os.getpid(), "token": ctx.token})
+
+
+@isolated.job("writes-async", cron=NEVER, ttl="5s", isolation="process")
+async def writes_async(ctx: tenure.JobContext) -> None:
+    await record_async(ctx)
+
+
+@isolated.job("waits", cron=NEVER, ttl="5s", isolation="process")
+def waits(ctx: tenure.JobContext) -> None:
+    record(ctx, "started")
+    ctx.wait(60)
+    ctx.check()  # raises: the worker stopped this run
+    record(ctx, "finished")
+
+
+@isolated.job("neighbour", every="1s", ttl="5s", misfire="all")
+def isolated_neighbour(ctx: tenure.JobContext) -> None:
+    record(ctx)

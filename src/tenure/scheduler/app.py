@@ -43,6 +43,7 @@ from typing import Any, TypeVar
 
 from ..errors import InvalidArgument
 from ..validation import Duration, check_job_key, check_ttl, parse_duration
+from .isolation import importable
 from .schedules import MISFIRE_POLICIES, ON_CRASH_POLICIES, QUARANTINE_AFTER, Policy, Schedule
 from .spec import JobFunction, JobSpec
 from .worker import Worker, register
@@ -55,6 +56,8 @@ DEFAULT_TTL = "30s"
 DEFAULT_CONCURRENCY = 8
 DEFAULT_SHUTDOWN_GRACE = "30s"
 DEFAULT_RETENTION = "7d"
+#: Where a job body runs: in the worker ("none") or in a child process ("process").
+ISOLATIONS = ("none", "process")
 
 
 class Scheduler:
@@ -130,6 +133,7 @@ class Scheduler:
         misfire_grace: Duration | None = None,
         on_crash: str = "retry",
         quarantine_after: int | None = QUARANTINE_AFTER,
+        isolation: str = "none",
     ) -> Callable[[F], F]:
         """Decorator: register ``fn(ctx)`` as job ``key``.
 
@@ -143,6 +147,10 @@ class Scheduler:
         ``quarantine_after``: after this many consecutive runs that ended with their worker
         gone (the process died mid-run: ``os._exit``, a segfault, the OOM killer), the job is
         quarantined: paused with the reason, until ``tenure jobs resume``; None: never.
+        ``isolation``: "none" (default: in the worker, sync bodies in a thread) or "process"
+        (in a child process, so that a crash or a leak stays there and fails only the run;
+        the function must be importable by module and name; ``ctx.lease`` is not available
+        there, ``ctx.check()``/``ctx.cancelled`` are, via SIGTERM).
         """
 
         def register(fn: F) -> F:
@@ -157,6 +165,7 @@ class Scheduler:
                 misfire_grace=misfire_grace,
                 on_crash=on_crash,
                 quarantine_after=quarantine_after,
+                isolation=isolation,
             )
             return fn
 
@@ -175,6 +184,7 @@ class Scheduler:
         misfire_grace: Duration | None = None,
         on_crash: str = "retry",
         quarantine_after: int | None = QUARANTINE_AFTER,
+        isolation: str = "none",
     ) -> JobSpec:
         """Register ``fn`` as job ``key`` (the non-decorator form of :meth:`job`)."""
         check_job_key(key)
@@ -214,8 +224,18 @@ class Scheduler:
                 f"job {key!r}: quarantine_after must be a positive integer (runs in a row that "
                 f"ended with their worker gone) or None for never, got {quarantine_after!r}"
             )
+        if isolation not in ISOLATIONS:
+            raise InvalidArgument(
+                f"job {key!r}: isolation must be one of {', '.join(ISOLATIONS)}, got {isolation!r}"
+            )
+        why = importable(fn) if isolation == "process" else None
+        if why is not None:
+            raise InvalidArgument(
+                f"job {key!r}: isolation='process' imports the function in a child process, "
+                f"but {why}"
+            )
         policy = Policy(misfire, grace, on_crash, quarantine_after)
-        spec = JobSpec(key, fn, schedule, check_ttl(ttl), policy)
+        spec = JobSpec(key, fn, schedule, check_ttl(ttl), policy, isolation)
         self._jobs[key] = spec
         return spec
 

@@ -24,6 +24,7 @@ from ..errors import LeaseLost, StaleTokenError
 from ..leases._async.lease import AsyncLease
 from .claim import Claim
 from .context import JobContext
+from .isolation import ChildFailed, run_isolated
 from .spec import JobSpec
 
 log = logging.getLogger("tenure.scheduler")
@@ -83,8 +84,15 @@ async def execute(run: Run) -> tuple[str, str | None, float]:
     lease, ctx = run.lease, run.ctx
     log.debug("job %r slot %s starts with token %s", key, run.slot.isoformat(), token, extra=extra)
     try:
-        if run.spec.is_async:
+        if run.spec.isolation == "process":
+            # The body runs in a child process; cancelling this future stops the child.
+            info = ctx._client._pool.conninfo  # as connected (else: the same resolution)
             body: asyncio.Future[Any] = asyncio.ensure_future(
+                run_isolated(run.spec, ctx, info if isinstance(info, str) else None)
+            )
+            lease.keep(body)
+        elif run.spec.is_async:
+            body = asyncio.ensure_future(
                 _guarded(run.spec.fn, ctx, lambda: run.shutdown or lease.lost)
             )
             lease.keep(body)  # renew every ttl/3; cancel the body when the lease is lost
@@ -121,13 +129,15 @@ async def execute(run: Run) -> tuple[str, str | None, float]:
             task = asyncio.current_task()
             if isinstance(exc, asyncio.CancelledError) and task is not None and task.cancelling():
                 raise exc from None  # this run task itself was cancelled (see above)
+        if isinstance(exc, ChildFailed) and exc.stale:
+            ctx._stale = True
         if ctx._stale:
             outcome = "stale_rejected"
         elif lease.lost:
             outcome = "lease_lost"
         else:
             outcome = "failed"
-        error = describe_error(exc)
+        error = exc.error if isinstance(exc, ChildFailed) else describe_error(exc)
         if outcome == "failed":
             _log_failure(run, error, exc)
     finally:
