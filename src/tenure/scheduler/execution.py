@@ -152,7 +152,8 @@ def _log_failure(run: Run, error: str, exc: BaseException) -> None:
         run.claim.job_key,
         run.slot.isoformat(),
         error,
-        exc_info=exc,
+        # An isolated body's traceback went to the child's stderr; the worker's says nothing.
+        exc_info=None if isinstance(exc, ChildFailed) else exc,
         extra=extra,
     )
 
