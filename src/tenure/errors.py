@@ -25,6 +25,18 @@ class ConfigurationError(TenureError):
     """The environment is not set up: no DSN, missing extra, schema not migrated."""
 
 
+class JobOwnedByAnotherApp(ConfigurationError):
+    """A worker would redefine a job that another app (another Scheduler name) registered.
+
+    ``jobs`` maps each such job key to the app that owns it. Rename the job, or take it
+    over on purpose: ``tenure worker --adopt`` / ``Scheduler.run(adopt=True)``.
+    """
+
+    def __init__(self, message: str, jobs: dict[str, str]) -> None:
+        super().__init__(message)
+        self.jobs = jobs
+
+
 class DatabaseError(TenureError):
     """The database refused or failed an operation. ``sqlstate`` is PostgreSQL's code."""
 

@@ -99,6 +99,7 @@ def test_every_alert_has_a_unit_test_that_fires_it() -> None:
         "TenureLeaseRenewalErrors",
         "TenureOutboxBacklog",
         "TenureJobNoRecentSuccess",
+        "TenureJobQuarantined",
     } <= alerts
     tests = ALERTS_TEST.read_text()
     # An `alertname: X` followed (before the next alertname) by a non-empty exp_alerts.
@@ -118,6 +119,7 @@ def test_every_alert_has_a_unit_test_that_fires_it() -> None:
         ("> 3 * max", "> 4 * max"),  # N slots
         ("severity: warning", "severity: page"),
         ("[15m]", "[1m]"),  # the stale-rejection window
+        ("(tenure_job_quarantined) == 1", "(tenure_job_quarantined) == 2"),
     ],
 )
 def test_the_unit_tests_notice_a_changed_rule(tmp_path: Path, old: str, new: str) -> None:

@@ -396,6 +396,7 @@ def test_database_gauges(scenario: Scenario) -> None:
     # Once a year: 365 or 366 days.
     assert value(s, "tenure_job_interval_seconds", job="obs-slow") in (365 * 86400, 366 * 86400)
     assert value(s, "tenure_job_paused", job="obs-tick") == 0
+    assert value(s, "tenure_job_quarantined", job="obs-tick") == 0
     since = value(s, "tenure_job_seconds_since_success", job="obs-tick")
     assert 0 < since < 60
     [(first, last)] = query(

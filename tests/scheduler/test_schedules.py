@@ -263,3 +263,55 @@ def test_a_finished_slot_never_runs_again() -> None:
     s = state(T0, done_slot=T0)
     p = plan(EVERY_MINUTE, Policy(), s, T0 + dt.timedelta(seconds=30), token=9)
     assert p.run_slot is None and p.next_slot == T0 + MINUTE
+
+
+def _gone(streak: int, attempt: int = 1, kind: str = "scheduled") -> JobState:
+    return JobState(
+        T0 + MINUTE,
+        running_slot=T0,
+        running_kind=kind,
+        running_token=4,
+        running_attempt=attempt,
+        prior_gone=True,
+        crash_streak=streak,
+    )
+
+
+def test_a_run_whose_worker_is_gone_counts_toward_quarantine_and_is_retried() -> None:
+    p = plan(EVERY_MINUTE, Policy(), _gone(0), T0 + dt.timedelta(seconds=40), token=5)
+    assert (p.run_slot, p.run_kind, p.attempt, p.crash_streak, p.quarantine) == (
+        T0,
+        "retry",
+        2,
+        1,
+        None,
+    )
+    assert "ended with its worker gone" in (p.prior_error or "")
+    # A run that recorded its end (lost lease, shutdown) does not count.
+    lost = JobState(T0 + MINUTE, running_slot=T0, running_kind="scheduled", running_token=4)
+    p = plan(EVERY_MINUTE, Policy(), lost, T0 + dt.timedelta(seconds=40), token=5)
+    assert (p.run_slot, p.crash_streak) == (T0, 0)
+    assert "did not finish" in (p.prior_error or "")
+
+
+def test_the_nth_run_in_a_row_whose_worker_is_gone_quarantines_the_job() -> None:
+    p = plan(EVERY_MINUTE, Policy(), _gone(2, attempt=3), T0 + dt.timedelta(seconds=40), token=9)
+    assert p.run_slot is None and p.crash_streak == 3
+    assert p.quarantine and p.quarantine.startswith("quarantined: 3 consecutive runs")
+    assert [(s.slot, s.outcome) for s in p.skipped] == [(T0, "abandoned")]
+    assert p.done_slot == T0 and p.prior_token == 4
+    # Configurable per job: quarantine_after=5 keeps retrying (a new slot once the slot's
+    # attempts are used up) until the fifth run in a row whose worker is gone.
+    five = Policy(quarantine_after=5)
+    p = plan(EVERY_MINUTE, five, _gone(2, attempt=3), T0 + MINUTE, token=9)
+    assert (p.run_slot, p.run_kind, p.crash_streak, p.quarantine) == (
+        T0 + MINUTE,
+        "scheduled",
+        3,
+        None,
+    )
+    p = plan(EVERY_MINUTE, five, _gone(4), T0 + dt.timedelta(seconds=40), token=9)
+    assert p.quarantine is not None and p.crash_streak == 5
+    never = Policy(quarantine_after=None)
+    p = plan(EVERY_MINUTE, never, _gone(99), T0 + dt.timedelta(seconds=40), token=9)
+    assert p.quarantine is None and p.run_slot == T0

@@ -141,3 +141,117 @@ async def long_async(ctx: tenure.JobContext) -> None:
     await record_async(ctx, "started")
     await asyncio.sleep(float(os.environ.get("SCHED_SLOW", "60")))
     await record_async(ctx, "finished")
+
+
+# -- hostile: job bodies that raise what a job must never let out (triggered by the tests) -----
+
+hostile = tenure.Scheduler()
+
+
+@hostile.job("exit-sync", cron=NEVER, ttl="5s")
+def exit_sync(ctx: tenure.JobContext) -> None:
+    sys.exit(3)
+
+
+@hostile.job("exit-async", cron=NEVER, ttl="5s")
+async def exit_async(ctx: tenure.JobContext) -> None:
+    await asyncio.sleep(0)
+    sys.exit(4)
+
+
+@hostile.job("interrupt-sync", cron=NEVER, ttl="5s")
+def interrupt_sync(ctx: tenure.JobContext) -> None:
+    raise KeyboardInterrupt
+
+
+@hostile.job("interrupt-async", cron=NEVER, ttl="5s")
+async def interrupt_async(ctx: tenure.JobContext) -> None:
+    raise KeyboardInterrupt
+
+
+@hostile.job("cancel-itself", cron=NEVER, ttl="5s")
+async def cancel_itself(ctx: tenure.JobContext) -> None:
+    raise asyncio.CancelledError("the body raised this itself")
+
+
+@hostile.job("innocent", every="1s", ttl="5s", misfire="all")
+def innocent(ctx: tenure.JobContext) -> None:
+    record(ctx)
+
+
+# -- poison: a job that kills its worker process, next to an innocent one ---------------------
+
+poison = tenure.Scheduler()
+POISON_EXIT = 7
+
+
+@poison.job("poison", every="1s", ttl="2s")
+def poison_job(ctx: tenure.JobContext) -> None:
+    os._exit(POISON_EXIT)  # what a segfault or the OOM killer does: no finally, no record
+
+
+@poison.job("innocent", every="1s", ttl="3s", misfire="all")
+def poison_neighbour(ctx: tenure.JobContext) -> None:
+    record(ctx)
+
+
+# -- owner_a / owner_b: two apps that define the same job key (SHARED_EVERY: owner_a's) ------
+
+owner_a = tenure.Scheduler()
+owner_b = tenure.Scheduler()
+
+
+@owner_a.job("shared", every=os.environ.get("SHARED_EVERY", "10s"), ttl="5s")
+def shared_a(ctx: tenure.JobContext) -> None:
+    record(ctx, "owner_a")
+
+
+@owner_b.job("shared", cron=NEVER, ttl="5s")
+def shared_b(ctx: tenure.JobContext) -> None:
+    record(ctx, "owner_b")
+
+
+# -- isolated: bodies in a child process (isolation="process") ---------------------------------
+
+isolated = tenure.Scheduler()
+
+
+@isolated.job("segfault", cron=NEVER, ttl="5s", isolation="process")
+def segfault(ctx: tenure.JobContext) -> None:
+    import ctypes
+
+    ctypes.string_at(0)  # SIGSEGV: what a crashing C extension does
+
+
+@isolated.job("exit-hard", cron=NEVER, ttl="5s", isolation="process")
+def exit_hard(ctx: tenure.JobContext) -> None:
+    os._exit(5)
+
+
+@isolated.job("raises", cron=NEVER, ttl="5s", isolation="process")
+def raises(ctx: tenure.JobContext) -> None:
+    raise ValueError("boom")
+
+
+@isolated.job("writes", cron=NEVER, ttl="5s", isolation="process")
+def writes(ctx: tenure.JobContext) -> None:
+    record(ctx)
+    ctx.results.put({"pid": os.getpid(), "token": ctx.token})
+
+
+@isolated.job("writes-async", cron=NEVER, ttl="5s", isolation="process")
+async def writes_async(ctx: tenure.JobContext) -> None:
+    await record_async(ctx)
+
+
+@isolated.job("waits", cron=NEVER, ttl="5s", isolation="process")
+def waits(ctx: tenure.JobContext) -> None:
+    record(ctx, "started")
+    ctx.wait(60)
+    ctx.check()  # raises: the worker stopped this run
+    record(ctx, "finished")
+
+
+@isolated.job("neighbour", every="1s", ttl="5s", misfire="all")
+def isolated_neighbour(ctx: tenure.JobContext) -> None:
+    record(ctx)

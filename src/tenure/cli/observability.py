@@ -108,7 +108,7 @@ def status(
             due = (job.now - job.next_slot).total_seconds()
             next_slot = "due now" if due >= 0 else ago(due)
         if job.paused:
-            next_slot = "paused"
+            next_slot = "quarantined" if job.quarantined is not None else "paused"
         table.add_row(
             job.job_key,
             "-" if job.token is None else str(job.token),
@@ -121,6 +121,9 @@ def status(
         )
     # Piped: no terminal width to fit, so do not wrap cells.
     Console(width=None if terminal else 200).print(table)
+    for job in jobs:
+        if job.quarantined is not None:
+            click.echo(f"{job.job_key}: {job.quarantined}")
 
 
 @click.command("doctor", context_settings=CONTEXT)

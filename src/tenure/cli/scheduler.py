@@ -102,6 +102,14 @@ def load_app(path: str) -> Scheduler:
     show_envvar=True,
     help="Apply pending migrations before starting.",
 )
+@click.option(
+    "--adopt",
+    is_flag=True,
+    envvar="TENURE_WORKER_ADOPT",
+    show_envvar=True,
+    help="Take over job keys that another app registered (without it the worker refuses to "
+    "start rather than redefine them). The app is Scheduler(name=...), default APP as given.",
+)
 @metrics_options
 @click.pass_context
 @handle_errors
@@ -115,6 +123,7 @@ def worker_command(
     concurrency: int | None,
     shutdown_grace: str | None,
     migrate: bool,
+    adopt: bool,
     metrics_port: int | None,
     metrics_host: str,
 ) -> None:
@@ -124,12 +133,15 @@ def worker_command(
     Start it on as many hosts as you like: each slot of each job runs once, under a lease
     with a fencing token; a dead worker's slots are retried by the others. SIGTERM: stop
     claiming, let running jobs finish within --shutdown-grace, hand the rest over; a second
-    SIGTERM cancels at once.
+    SIGTERM cancels at once. A job whose runs keep killing their worker is quarantined
+    (`tenure jobs list`; `tenure jobs resume KEY` lifts it). Job definitions belong to the
+    app: another app's worker defining the same key refuses to start without --adopt.
     """
     from . import logs
 
     logs.setup(log_level, log_format)
     scheduler = load_app(app)
+    scheduler.default_name = app  # the app's name unless Scheduler(name=...) gives one
     # Operator settings win over the app's, but only when actually given.
     if ctx.get_parameter_source("dsn") is not click.core.ParameterSource.DEFAULT:
         scheduler.dsn = dsn
@@ -138,7 +150,7 @@ def worker_command(
     if migrate:
         scheduler.migrate = True
     serve_from_cli(metrics_port, metrics_host, dsn=scheduler.dsn, schema=scheduler.schema)
-    scheduler.run(concurrency=concurrency, shutdown_grace=shutdown_grace)
+    scheduler.run(concurrency=concurrency, shutdown_grace=shutdown_grace, adopt=adopt)
 
 
 @click.group("jobs", context_settings=CONTEXT)
@@ -179,18 +191,18 @@ def jobs_list(dsn: str | None, schema: str, log_level: str, log_format: str, as_
 
     table = Table("job", "schedule", "state", "next slot (db)", "token", "last outcome")
     for job in found:
-        state = "paused" if job.paused else "running" if job.running_slot else "scheduled"
-        if job.trigger_pending:
-            state += " +trigger"
         table.add_row(
             job.job_key,
             job.schedule,
-            state,
+            job.state,
             _when(job.next_slot),
             str(job.token or "-"),
             f"{job.last_outcome} ({_when(job.last_slot)})" if job.last_outcome else "-",
         )
     Console().print(table)
+    for job in found:
+        if job.quarantined is not None:
+            click.echo(f"{job.job_key}: {job.quarantined}")
 
 
 @jobs_group.command("pause", context_settings=CONTEXT)
@@ -211,15 +223,20 @@ def jobs_pause(dsn: str | None, schema: str, log_level: str, log_format: str, ke
 @click.argument("key", envvar="TENURE_JOB_KEY")
 @handle_errors
 def jobs_resume(dsn: str | None, schema: str, log_level: str, log_format: str, key: str) -> None:
-    """Resume KEY from now on (slots that passed while it was paused are not run)."""
+    """Resume KEY from now on (slots that passed while it was paused are not run).
+
+    Also lifts a quarantine (a job paused because its runs kept killing their workers):
+    deploy the fix first.
+    """
     from ..scheduler.jobs import channel_name, resume
 
     with _client(dsn, schema, log_level, log_format) as client:
-        next_slot = resume(client, key, channel=channel_name(schema))
-    if next_slot is None:
+        done = resume(client, key, channel=channel_name(schema))
+    if done is None:
         click.echo(f"{key}: was not paused")
     else:
-        click.echo(f"{key}: resumed, next slot {next_slot.isoformat()}")
+        lifted = "quarantine lifted, " if done.quarantine is not None else ""
+        click.echo(f"{key}: {lifted}resumed, next slot {done.next_slot.isoformat()}")
 
 
 @jobs_group.command("trigger", context_settings=CONTEXT)

@@ -80,6 +80,7 @@ class JobGauges:
     interval: float | None
     last_success: float | None  # unix time (database clock) of the newest successful run
     since_success: float  # seconds without a success (a lower bound; see db/sql/observe.sql)
+    quarantined: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +217,8 @@ class Database:
             with self.session() as conn:
                 version = self._schema_version(conn)
                 [(now,)] = conn.execute(b"SELECT clock_timestamp()").fetchall()
-                jobs = self._run(conn, "observe_jobs") if version and version >= 3 else []
+                # Version 5 added the quarantine the query reads.
+                jobs = self._run(conn, "observe_jobs") if version and version >= 5 else []
                 topics = self._run(conn, "observe_outbox") if version and version >= 4 else []
         except psycopg.Error as exc:
             return Snapshot(False, error=_one_line(exc))
@@ -224,8 +226,10 @@ class Database:
             True,
             version,
             tuple(
-                JobGauges(key, paused, self._interval(key, cron, every, tz, now), last, since)
-                for key, cron, every, tz, paused, last, since in jobs
+                JobGauges(
+                    key, paused, self._interval(key, cron, every, tz, now), last, since, quarantined
+                )
+                for key, cron, every, tz, paused, quarantined, last, since in jobs
             ),
             tuple(TopicGauges(topic, pending, dead, age) for topic, pending, dead, age in topics),
         )
@@ -314,6 +318,12 @@ class DatabaseCollector:
             "1 if the scheduled job is paused (tenure jobs pause)",
             labels=["job"],
         )
+        quarantined = GaugeMetricFamily(
+            "tenure_job_quarantined",
+            "1 if the scheduler quarantined the job (paused it: its runs kept ending with their "
+            "worker gone); tenure jobs resume lifts it",
+            labels=["job"],
+        )
         since = GaugeMetricFamily(
             "tenure_job_seconds_since_success",
             "Seconds since the job's newest successful run finished (database clock); with "
@@ -329,10 +339,11 @@ class DatabaseCollector:
             if job.interval is not None:
                 interval.add_metric([job.job_key], job.interval)
             paused.add_metric([job.job_key], 1.0 if job.paused else 0.0)
+            quarantined.add_metric([job.job_key], 1.0 if job.quarantined else 0.0)
             since.add_metric([job.job_key], max(0.0, job.since_success))
             if job.last_success is not None:
                 last.add_metric([job.job_key], job.last_success)
-        yield from (interval, paused, since, last)
+        yield from (interval, paused, quarantined, since, last)
         pending = GaugeMetricFamily(
             "tenure_outbox_pending_messages",
             "Outbox messages waiting for delivery (including those backing off)",

@@ -64,6 +64,7 @@ class JobOverview:
     result_token: int | None
     result_at: dt.datetime | None
     now: dt.datetime
+    quarantined: str | None = None  # why the scheduler quarantined (paused) the job
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -75,6 +76,7 @@ class JobOverview:
             "seconds_left": None if self.seconds_left is None else round(self.seconds_left, 3),
             "scheduled": self.scheduled,
             "paused": self.paused,
+            "quarantined": self.quarantined,
             "next_slot": _iso(self.next_slot),
             "last_run": None if self.last_run is None else self.last_run.as_json(),
             "window_seconds": self.window,
@@ -111,7 +113,8 @@ def overview(client: Client, *, window: float = 3600.0) -> list[JobOverview]:
     for row in rows:
         key, token, owner, until, held, left, scheduled, paused, next_slot = row[:9]
         slot, kind, run_token, outcome, started, finished, error = row[9:16]
-        runs, failures, lost, stale, durations, result_token, result_at, now = row[16:]
+        runs, failures, lost, stale, durations, result_token, result_at, now = row[16:24]
+        quarantined = row[24]
         last = None
         if slot is not None:
             last = LastRun(slot, kind, run_token, outcome, started, finished, error)
@@ -139,6 +142,7 @@ def overview(client: Client, *, window: float = 3600.0) -> list[JobOverview]:
                 result_token=result_token,
                 result_at=result_at,
                 now=now,
+                quarantined=quarantined,
             )
         )
     return found

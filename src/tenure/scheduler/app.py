@@ -33,7 +33,9 @@ import asyncio
 import datetime as dt
 import inspect
 import logging
+import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
@@ -41,7 +43,8 @@ from typing import Any, TypeVar
 
 from ..errors import InvalidArgument
 from ..validation import Duration, check_job_key, check_ttl, parse_duration
-from .schedules import MISFIRE_POLICIES, ON_CRASH_POLICIES, Policy, Schedule
+from .isolation import importable
+from .schedules import MISFIRE_POLICIES, ON_CRASH_POLICIES, QUARANTINE_AFTER, Policy, Schedule
 from .spec import JobFunction, JobSpec
 from .worker import Worker, register
 
@@ -53,6 +56,8 @@ DEFAULT_TTL = "30s"
 DEFAULT_CONCURRENCY = 8
 DEFAULT_SHUTDOWN_GRACE = "30s"
 DEFAULT_RETENTION = "7d"
+#: Where a job body runs: in the worker ("none") or in a child process ("process").
+ISOLATIONS = ("none", "process")
 
 
 class Scheduler:
@@ -63,12 +68,16 @@ class Scheduler:
     ``shutdown_grace``: how long a stopping worker lets running jobs finish.
     ``history_retention``: run history older than this is pruned by the workers.
     ``migrate``: apply pending migrations when a worker starts.
+    ``name``: the app its job definitions belong to (default: ``MODULE:ATTR`` as given to
+    ``tenure worker``, else the module and variable this Scheduler is bound to). A worker of
+    another app that defines one of its job keys refuses to start unless it adopts the job.
     """
 
     def __init__(
         self,
         dsn: str | None = None,
         *,
+        name: str | None = None,
         schema: str = "tenure",
         concurrency: int = DEFAULT_CONCURRENCY,
         shutdown_grace: Duration = DEFAULT_SHUTDOWN_GRACE,
@@ -87,12 +96,26 @@ class Scheduler:
             raise InvalidArgument(f"pool_size must be at least 2, got {pool_size}")
         self.pool_size = pool_size
         self.migrate = migrate
+        self._name = None if name is None else _check_name(name)
+        #: Set by ``tenure worker MODULE:ATTR`` (the path as given) when ``name`` is not.
+        self.default_name: str | None = None
+        # Where the Scheduler was created: its default name is found there.
+        self._module = sys._getframe(1).f_globals.get("__name__", "?")
         self._jobs: dict[str, JobSpec] = {}
         self._worker: Worker | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def __repr__(self) -> str:
         return f"<Scheduler schema={self.schema!r} jobs={len(self._jobs)}>"
+
+    @property
+    def name(self) -> str:
+        """The app that owns this Scheduler's job definitions in the database."""
+        if self._name is not None:
+            return self._name
+        if self.default_name is not None:
+            return self.default_name
+        return _guess_name(self, self._module)
 
     @property
     def jobs(self) -> Mapping[str, JobSpec]:
@@ -109,6 +132,8 @@ class Scheduler:
         misfire: str = "latest",
         misfire_grace: Duration | None = None,
         on_crash: str = "retry",
+        quarantine_after: int | None = QUARANTINE_AFTER,
+        isolation: str = "none",
     ) -> Callable[[F], F]:
         """Decorator: register ``fn(ctx)`` as job ``key``.
 
@@ -119,6 +144,13 @@ class Scheduler:
         slot, oldest first) or "skip" (only a slot that is on time); ``misfire_grace``: how
         late a slot may start and still run (default: no limit, 1s for "skip"). ``on_crash``:
         "retry" the slot of a run whose holder died, or "skip" it (recorded abandoned).
+        ``quarantine_after``: after this many consecutive runs that ended with their worker
+        gone (the process died mid-run: ``os._exit``, a segfault, the OOM killer), the job is
+        quarantined: paused with the reason, until ``tenure jobs resume``; None: never.
+        ``isolation``: "none" (default: in the worker, sync bodies in a thread) or "process"
+        (in a child process, so that a crash or a leak stays there and fails only the run;
+        the function must be importable by module and name; ``ctx.lease`` is not available
+        there, ``ctx.check()``/``ctx.cancelled`` are, via SIGTERM).
         """
 
         def register(fn: F) -> F:
@@ -132,6 +164,8 @@ class Scheduler:
                 misfire=misfire,
                 misfire_grace=misfire_grace,
                 on_crash=on_crash,
+                quarantine_after=quarantine_after,
+                isolation=isolation,
             )
             return fn
 
@@ -149,6 +183,8 @@ class Scheduler:
         misfire: str = "latest",
         misfire_grace: Duration | None = None,
         on_crash: str = "retry",
+        quarantine_after: int | None = QUARANTINE_AFTER,
+        isolation: str = "none",
     ) -> JobSpec:
         """Register ``fn`` as job ``key`` (the non-decorator form of :meth:`job`)."""
         check_job_key(key)
@@ -179,17 +215,43 @@ class Scheduler:
             grace = parse_duration(misfire_grace, what=f"job {key!r}: misfire_grace")
             if grace < 0:
                 raise InvalidArgument(f"job {key!r}: misfire_grace must not be negative")
-        spec = JobSpec(key, fn, schedule, check_ttl(ttl), Policy(misfire, grace, on_crash))
+        if quarantine_after is not None and (
+            isinstance(quarantine_after, bool)
+            or not isinstance(quarantine_after, int)
+            or quarantine_after < 1
+        ):
+            raise InvalidArgument(
+                f"job {key!r}: quarantine_after must be a positive integer (runs in a row that "
+                f"ended with their worker gone) or None for never, got {quarantine_after!r}"
+            )
+        if isolation not in ISOLATIONS:
+            raise InvalidArgument(
+                f"job {key!r}: isolation must be one of {', '.join(ISOLATIONS)}, got {isolation!r}"
+            )
+        why = importable(fn) if isolation == "process" else None
+        if why is not None:
+            raise InvalidArgument(
+                f"job {key!r}: isolation='process' imports the function in a child process, "
+                f"but {why}"
+            )
+        policy = Policy(misfire, grace, on_crash, quarantine_after)
+        spec = JobSpec(key, fn, schedule, check_ttl(ttl), policy, isolation)
         self._jobs[key] = spec
         return spec
 
     # -- running ----------------------------------------------------------------------------
 
     def run(
-        self, *, concurrency: int | None = None, shutdown_grace: Duration | None = None
+        self,
+        *,
+        concurrency: int | None = None,
+        shutdown_grace: Duration | None = None,
+        adopt: bool = False,
     ) -> None:
         """Run a worker until SIGTERM/SIGINT (a second one cancels running jobs)."""
-        asyncio.run(self.run_async(concurrency=concurrency, shutdown_grace=shutdown_grace))
+        asyncio.run(
+            self.run_async(concurrency=concurrency, shutdown_grace=shutdown_grace, adopt=adopt)
+        )
 
     async def run_async(
         self,
@@ -197,8 +259,12 @@ class Scheduler:
         concurrency: int | None = None,
         shutdown_grace: Duration | None = None,
         handle_signals: bool = True,
+        adopt: bool = False,
     ) -> None:
         """Run a worker on the running event loop until :meth:`stop` or a signal.
+
+        ``adopt``: take over job keys that another app (another :attr:`name`) registered;
+        without it the worker refuses to start (:class:`~tenure.JobOwnedByAnotherApp`).
 
         With ``handle_signals`` (and on the main thread) SIGTERM and SIGINT stop it
         gracefully: no new claims, running jobs get ``shutdown_grace`` to finish, then they
@@ -215,6 +281,7 @@ class Scheduler:
             shutdown_grace=(
                 self.shutdown_grace if shutdown_grace is None else _check_grace(shutdown_grace)
             ),
+            adopt=adopt,
         )
         loop = asyncio.get_running_loop()
         handled: list[signal.Signals] = []
@@ -238,16 +305,22 @@ class Scheduler:
             return
         loop.call_soon_threadsafe(worker.request_stop, cancel)
 
-    async def register_async(self) -> None:
+    async def register_async(self, *, adopt: bool = False) -> None:
         """Register (upsert) the job definitions without running a worker, e.g. in a deploy
-        step. Workers do this when they start."""
+        step. Workers do this when they start. ``adopt``: as in :meth:`run_async`."""
         from ..leases._async.client import connect_async
 
         async with await connect_async(self.dsn, schema=self.schema, migrate=self.migrate) as c:
-            await register(c, list(self._jobs.values()), defined_by="register()")
+            await register(
+                c,
+                list(self._jobs.values()),
+                defined_by="register()",
+                app=self.name,
+                adopt=adopt,
+            )
 
-    def register(self) -> None:
-        asyncio.run(self.register_async())
+    def register(self, *, adopt: bool = False) -> None:
+        asyncio.run(self.register_async(adopt=adopt))
 
 
 def _check_signature(key: str, fn: Callable[..., Any]) -> None:
@@ -262,6 +335,33 @@ def _check_signature(key: str, fn: Callable[..., Any]) -> None:
             f"job {key!r}: {getattr(fn, '__qualname__', fn)!r} must accept one argument, the "
             f"JobContext (its signature is {sig})"
         ) from None
+
+
+def _check_name(name: str) -> str:
+    if not isinstance(name, str) or not name.strip() or len(name) > 500:
+        raise InvalidArgument(
+            f"name must be a non-empty string of at most 500 characters (the app that owns "
+            f"the job definitions, e.g. 'billing'), got {name!r}"
+        )
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise InvalidArgument(f"name must not contain control characters, got {name!r}")
+    return name
+
+
+def _guess_name(app: Scheduler, module: str) -> str:
+    """``MODULE:ATTR`` of the variable ``app`` is bound to in the module that created it, as
+    ``tenure worker MODULE:ATTR`` would name it (a script run as ``__main__`` by its file's
+    or its ``-m`` module's name); just ``MODULE`` if it is bound to no module variable."""
+    loaded = sys.modules.get(module)
+    attrs = sorted(k for k, v in vars(loaded).items() if v is app) if loaded is not None else []
+    if module == "__main__" and loaded is not None:
+        spec = getattr(loaded, "__spec__", None)
+        path = getattr(loaded, "__file__", None)
+        if spec is not None and spec.name:
+            module = spec.name
+        elif path:
+            module = os.path.splitext(os.path.basename(path))[0]
+    return f"{module}:{attrs[0]}" if attrs else module
 
 
 def _check_concurrency(value: int) -> int:

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 START_ARRAYS = (
     *("keys", "tokens", "owners", "revisions", "run_slots", "run_kinds", "attempts"),
     *("next_slots", "done_slots", "triggers", "prior_tokens", "prior_errors"),
+    *("crash_streaks", "quarantines"),
     *("skip_keys", "skip_slots", "skip_tokens", "skip_kinds", "skip_outcomes", "skip_errors"),
 )
 
@@ -40,6 +41,7 @@ class Claim:
     revision: int
     state: JobState
     now: dt.datetime
+    quarantine_after: int | None = None
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> Claim:
@@ -65,6 +67,9 @@ class Claim:
             trigger_at,
             now,
             _ready,
+            prior_gone,
+            crash_streak,
+            quarantine_after,
         ) = row
         state = JobState(
             next_slot,
@@ -74,6 +79,8 @@ class Claim:
             running_token,
             running_attempt,
             trigger_at,
+            bool(prior_gone),
+            crash_streak,
         )
         return cls(
             key,
@@ -90,11 +97,12 @@ class Claim:
             revision,
             state,
             now,
+            quarantine_after,
         )
 
     def policy(self) -> Policy:
         grace = None if self.misfire_grace is None else self.misfire_grace.total_seconds()
-        return Policy(self.misfire, grace, self.on_crash)
+        return Policy(self.misfire, grace, self.on_crash, self.quarantine_after)
 
     def differs_from(self, spec: JobSpec) -> bool:
         mine = (
@@ -105,6 +113,7 @@ class Claim:
             spec.policy.misfire,
             spec.policy.misfire_grace,
             spec.policy.on_crash,
+            spec.policy.quarantine_after,
         )
         theirs = (
             self.cron,
@@ -114,6 +123,7 @@ class Claim:
             self.misfire,
             None if self.misfire_grace is None else self.misfire_grace.total_seconds(),
             self.on_crash,
+            self.quarantine_after,
         )
         return mine != theirs
 
@@ -136,6 +146,8 @@ def start_params(
         p["triggers"].append(d.trigger_at)
         p["prior_tokens"].append(d.prior_token)
         p["prior_errors"].append(d.prior_error)
+        p["crash_streaks"].append(d.crash_streak)
+        p["quarantines"].append(d.quarantine)
         for s in d.skipped:
             p["skip_keys"].append(claim.job_key)
             p["skip_slots"].append(s.slot)

@@ -1,7 +1,14 @@
 """Running one claimed slot's job body: async bodies as tasks on the worker's loop (cancelled
 when the lease is lost), sync ones in a daemon thread each (``ctx.check()`` raises once the
 lease is lost). Daemon threads rather than a ThreadPoolExecutor: a sync job that ignores
-cancellation must not keep a stopping worker alive (executor threads are joined at exit)."""
+cancellation must not keep a stopping worker alive (executor threads are joined at exit).
+
+A body never takes its worker down: whatever it raises, ``BaseException`` included
+(``sys.exit()``, ``KeyboardInterrupt``, a ``CancelledError`` of its own), is that run's
+failure. asyncio re-raises ``SystemExit`` and ``KeyboardInterrupt`` out of the event loop
+from any task that lets them escape, so an async body runs inside :func:`_guarded`, which
+turns them into :class:`BodyRaised` before they reach its task. Only tenure's own
+cancellation (lost lease, shutdown) stops a body."""
 
 from __future__ import annotations
 
@@ -17,6 +24,7 @@ from ..errors import LeaseLost, StaleTokenError
 from ..leases._async.lease import AsyncLease
 from .claim import Claim
 from .context import JobContext
+from .isolation import ChildFailed, run_isolated
 from .spec import JobSpec
 
 log = logging.getLogger("tenure.scheduler")
@@ -37,6 +45,34 @@ class Run:
     shutdown: bool = False
 
 
+class BodyRaised(Exception):
+    """Carries a ``BaseException`` the body raised (``SystemExit``, ``KeyboardInterrupt``,
+    ...) out of its task as an ordinary exception."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(original)
+        self.original = original
+
+
+async def _guarded(fn: Any, ctx: JobContext, cancelled_by_tenure: Any) -> Any:
+    try:
+        return await fn(ctx)
+    except asyncio.CancelledError as exc:
+        if cancelled_by_tenure():
+            raise
+        raise BodyRaised(exc) from exc  # the body's own, not tenure's cancellation
+    except Exception:
+        raise
+    except BaseException as exc:
+        raise BodyRaised(exc) from exc
+
+
+def describe_error(exc: BaseException) -> str:
+    """``Type: message`` (just ``Type`` when the message is empty), as run history shows it."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 async def execute(run: Run) -> tuple[str, str | None, float]:
     """Run the job body under its lease (renewed every ttl/3); returns its outcome, the error
     (None on success) and how long it took. Never raises for what the body did."""
@@ -48,8 +84,17 @@ async def execute(run: Run) -> tuple[str, str | None, float]:
     lease, ctx = run.lease, run.ctx
     log.debug("job %r slot %s starts with token %s", key, run.slot.isoformat(), token, extra=extra)
     try:
-        if run.spec.is_async:
-            body: asyncio.Future[Any] = asyncio.ensure_future(run.spec.fn(ctx))
+        if run.spec.isolation == "process":
+            # The body runs in a child process; cancelling this future stops the child.
+            info = ctx._client._pool.conninfo  # as connected (else: the same resolution)
+            body: asyncio.Future[Any] = asyncio.ensure_future(
+                run_isolated(run.spec, ctx, info if isinstance(info, str) else None)
+            )
+            lease.keep(body)
+        elif run.spec.is_async:
+            body = asyncio.ensure_future(
+                _guarded(run.spec.fn, ctx, lambda: run.shutdown or lease.lost)
+            )
             lease.keep(body)  # renew every ttl/3; cancel the body when the lease is lost
         else:
             lease.keep()  # renew every ttl/3; mark lost at the local deadline
@@ -65,35 +110,52 @@ async def execute(run: Run) -> tuple[str, str | None, float]:
     except LeaseLost as exc:
         outcome = "cancelled" if run.shutdown and not lease.lost else "lease_lost"
         error = str(exc)
-    except asyncio.CancelledError:
+    except asyncio.CancelledError as exc:
         task = asyncio.current_task()
         if task is not None and task.cancelling():
             raise  # this run task itself was cancelled: not expected, do not swallow
         if lease.lost:
             outcome, error = "lease_lost", f"cancelled: {lease.lost_reason}"
-        else:
+        elif run.shutdown:
             outcome = "cancelled"
             error = "the worker shut down before the run finished; the slot is handed over"
-    except Exception as exc:
+        else:
+            # A sync body raised CancelledError itself: its failure, not a cancellation.
+            outcome, error = "failed", describe_error(exc)
+            _log_failure(run, error, exc)
+    except BaseException as exc:
+        if isinstance(exc, BodyRaised):
+            exc = exc.original
+            task = asyncio.current_task()
+            if isinstance(exc, asyncio.CancelledError) and task is not None and task.cancelling():
+                raise exc from None  # this run task itself was cancelled (see above)
+        if isinstance(exc, ChildFailed) and exc.stale:
+            ctx._stale = True
         if ctx._stale:
             outcome = "stale_rejected"
         elif lease.lost:
             outcome = "lease_lost"
         else:
             outcome = "failed"
-        error = f"{type(exc).__name__}: {exc}"
+        error = exc.error if isinstance(exc, ChildFailed) else describe_error(exc)
         if outcome == "failed":
-            log.warning(
-                "job %r slot %s failed: %s",
-                key,
-                run.slot.isoformat(),
-                error,
-                exc_info=exc,
-                extra=extra,
-            )
+            _log_failure(run, error, exc)
     finally:
         await lease.stop_keeping()
     return outcome, error, loop.time() - began
+
+
+def _log_failure(run: Run, error: str, exc: BaseException) -> None:
+    extra = {"job": run.claim.job_key, "token": run.claim.token, "slot": run.slot.isoformat()}
+    log.warning(
+        "job %r slot %s failed: %s",
+        run.claim.job_key,
+        run.slot.isoformat(),
+        error,
+        # An isolated body's traceback went to the child's stderr; the worker's says nothing.
+        exc_info=None if isinstance(exc, ChildFailed) else exc,
+        extra=extra,
+    )
 
 
 def in_thread(fn: Any, ctx: JobContext, name: str) -> asyncio.Future[Any]:

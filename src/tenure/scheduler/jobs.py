@@ -63,6 +63,22 @@ class JobStatus:
     last_slot: dt.datetime | None
     last_finished_at: dt.datetime | None
     observed_at: dt.datetime
+    quarantine_after: int | None = None
+    crash_streak: int = 0
+    quarantined_at: dt.datetime | None = None
+    quarantined: str | None = None  # the reason, while quarantined
+    app: str | None = None  # the app that owns the definition (None: not stamped yet)
+
+    @property
+    def state(self) -> str:
+        """quarantined, paused, running or scheduled (+trigger when one is pending)."""
+        if self.quarantined is not None:
+            state = "quarantined"
+        elif self.paused:
+            state = "paused"
+        else:
+            state = "running" if self.running_slot else "scheduled"
+        return state + " +trigger" if self.trigger_pending else state
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -88,6 +104,11 @@ class JobStatus:
             "last_outcome": self.last_outcome,
             "last_slot": _iso(self.last_slot),
             "last_finished_at": _iso(self.last_finished_at),
+            "quarantine_after": self.quarantine_after,
+            "crash_streak": self.crash_streak,
+            "quarantined": self.quarantined,
+            "quarantined_at": _iso(self.quarantined_at),
+            "app": self.app,
         }
 
 
@@ -161,6 +182,11 @@ def list_jobs(client: Client) -> list[JobStatus]:
             last_slot,
             last_finished,
             now,
+            quarantine_after,
+            crash_streak,
+            quarantined_at,
+            quarantine_reason,
+            app,
         ) = row
         out.append(
             JobStatus(
@@ -185,6 +211,11 @@ def list_jobs(client: Client) -> list[JobStatus]:
                 last_slot,
                 last_finished,
                 now,
+                quarantine_after,
+                crash_streak,
+                quarantined_at,
+                quarantine_reason,
+                app,
             )
         )
     return out
@@ -214,15 +245,21 @@ def pause(client: Client, job_key: str, *, channel: str) -> bool:
     return bool(row[1])
 
 
-def resume(client: Client, job_key: str, *, channel: str) -> dt.datetime | None:
-    """Resume ``job_key`` from now on; returns its next slot, None if it was not paused.
+@dataclass(frozen=True, slots=True)
+class Resumed:
+    next_slot: dt.datetime
+    quarantine: str | None  # the quarantine this resume lifted, if any
+
+
+def resume(client: Client, job_key: str, *, channel: str) -> Resumed | None:
+    """Resume ``job_key`` from now on (lifting a quarantine too); None if it was not paused.
 
     Slots that passed while it was paused are not run (a pending trigger or an unfinished
     run still is).
     """
     check_job_key(job_key)
     for _ in range(5):
-        key, cron, every, tz, revision, paused, _next, _trigger, now = _require(
+        key, cron, every, tz, revision, paused, _next, _trigger, now, quarantine = _require(
             client._fetch("sched_get", {"job_key": job_key}, doing=f"reading {job_key!r}"),
             job_key,
         )
@@ -236,8 +273,7 @@ def resume(client: Client, job_key: str, *, channel: str) -> dt.datetime | None:
             wrote=True,
         )
         if rows:
-            slot: dt.datetime = rows[0][0]
-            return slot
+            return Resumed(rows[0][0], quarantine)
         # The definition changed between the two statements: compute again.
     raise InvalidArgument(f"job {job_key!r} keeps changing; try again")
 

@@ -1,4 +1,8 @@
-"""Registering job definitions: upsert every job of an app, log new and changed ones."""
+"""Registering job definitions: upsert every job of an app, log new and changed ones.
+
+A definition belongs to the app that registered it (``Scheduler.name``): a worker of another
+app that defines the same key is refused (:class:`~tenure.JobOwnedByAnotherApp`) unless it
+adopts the job, so two apps sharing a schema cannot flip a definition on each deploy."""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import datetime as dt
 import logging
 from typing import TYPE_CHECKING
 
+from ..errors import JobOwnedByAnotherApp
 from .jobs import channel_name, schedule_from_row
 
 if TYPE_CHECKING:
@@ -18,8 +23,23 @@ log = logging.getLogger("tenure.scheduler")
 NEW_JOBS_LOGGED = 20
 
 
-async def register(client: AsyncClient, specs: list[JobSpec], *, defined_by: str) -> None:
-    """Upsert job definitions; log new ones and changed ones (the newest registration wins)."""
+#: A refusal names up to this many conflicting job keys.
+CONFLICTS_NAMED = 3
+
+
+async def register(
+    client: AsyncClient,
+    specs: list[JobSpec],
+    *,
+    defined_by: str,
+    app: str,
+    adopt: bool = False,
+) -> None:
+    """Upsert app ``app``'s job definitions; log new, changed and adopted ones.
+
+    Raises :class:`JobOwnedByAnotherApp`, writing nothing, if another app owns one of the
+    keys and ``adopt`` is false.
+    """
     if not specs:
         return
     now = await client.now()
@@ -36,13 +56,19 @@ async def register(client: AsyncClient, specs: list[JobSpec], *, defined_by: str
             for s in ordered
         ],
         "on_crashes": [s.policy.on_crash for s in ordered],
+        "quarantine_afters": [s.policy.quarantine_after for s in ordered],
         "next_slots": [s.schedule.next_after(now) for s in ordered],
         "defined_by": defined_by,
+        "app": app,
+        "adopt": adopt,
         "channel": channel_name(client.schema),
     }
     rows = await client._fetch(
         "sched_register", params, doing="registering job definitions", wrote=True
     )
+    conflicts = {row[0]: row[12] for row in rows if row[14]}
+    if conflicts:
+        raise _refusal(conflicts, app, client.schema)
     by_key = {s.key: s for s in ordered}
     new = [row[0] for row in rows if row[10] is None]
     if len(new) > NEW_JOBS_LOGGED:
@@ -50,8 +76,21 @@ async def register(client: AsyncClient, specs: list[JobSpec], *, defined_by: str
         log.info("%d new jobs registered (%s, ...)", len(new), ", ".join(map(repr, new[:3])))
     for row in rows:
         key, revision, next_slot, old_cron, old_every, old_tz = row[:6]
-        old_defined_by = row[10]
+        old_defined_by, old_app, redefined = row[10], row[12], row[13]
         spec = by_key[key]
+        if old_app is not None and old_app != app:
+            log.warning(
+                "job %r adopted from app %r (was defined by %s): app %r owns it now; workers "
+                "of %r no longer run it and refuse to start until they stop defining it",
+                key,
+                old_app,
+                old_defined_by,
+                app,
+                old_app,
+                extra={"job": key},
+            )
+        if old_defined_by is not None and not redefined:
+            continue  # only the owner was stamped or changed: the definition is the same
         if old_defined_by is None:
             if len(new) > NEW_JOBS_LOGGED:
                 continue
@@ -78,3 +117,20 @@ async def register(client: AsyncClient, specs: list[JobSpec], *, defined_by: str
                 next_slot.isoformat(),
                 extra={"job": key},
             )
+
+
+def _refusal(conflicts: dict[str, str], app: str, schema: str) -> JobOwnedByAnotherApp:
+    keys = sorted(conflicts)
+    owners = sorted(set(conflicts.values()))
+    named = ", ".join(repr(k) for k in keys[:CONFLICTS_NAMED])
+    if len(keys) > CONFLICTS_NAMED:
+        named += f" and {len(keys) - CONFLICTS_NAMED} more"
+    subject = f"job {named}" if len(keys) == 1 else f"jobs {named}"
+    verb = "belongs" if len(keys) == 1 else "belong"
+    owner = " and ".join(repr(o) for o in owners)
+    message = (
+        f"{subject} {verb} to app {owner} in schema {schema!r}, not to this app {app!r}; "
+        "nothing was registered. Rename the job in this app, or take it over on purpose "
+        "with `tenure worker --adopt` ($TENURE_WORKER_ADOPT=1, or Scheduler.run(adopt=True))"
+    )
+    return JobOwnedByAnotherApp(message, {k: conflicts[k] for k in keys})

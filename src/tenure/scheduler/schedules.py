@@ -47,6 +47,9 @@ MAX_MISSED = 1000
 #: A slot whose holder died is retried at most this many times in all (a job that kills its
 #: worker must not take every worker down in turn); after that it is recorded abandoned.
 MAX_ATTEMPTS = 3
+#: Default ``quarantine_after``: a job whose runs ended with their worker gone this many times
+#: in a row is quarantined (paused with a reason) until ``tenure jobs resume``.
+QUARANTINE_AFTER = 3
 #: Smallest ``every`` interval.
 MIN_EVERY = 1.0
 
@@ -197,6 +200,7 @@ class Policy:
     misfire: str = "latest"
     misfire_grace: float | None = None
     on_crash: str = "retry"
+    quarantine_after: int | None = QUARANTINE_AFTER  # None: never quarantine
 
     def grace(self) -> float:
         if self.misfire_grace is not None:
@@ -215,6 +219,11 @@ class JobState:
     running_token: int | None = None
     running_attempt: int | None = None
     trigger_at: dt.datetime | None = None
+    #: The unfinished run has no finish record: its worker was gone when its lease expired
+    #: (a worker that lost the lease or shut down records its end).
+    prior_gone: bool = False
+    #: Consecutive runs that ended with their worker gone, before this claim.
+    crash_streak: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,6 +249,8 @@ class Plan:
     skipped: tuple[Skipped, ...] = ()
     prior_token: int | None = None  # the unfinished run being resolved
     prior_error: str | None = None
+    crash_streak: int = 0  # the job's streak of runs whose worker was gone, after this claim
+    quarantine: str | None = None  # quarantine the job (pause it) with this reason
 
 
 def due_slots(
@@ -264,18 +275,51 @@ def due_slots(
 def plan(schedule: Schedule, policy: Policy, state: JobState, now: dt.datetime, token: int) -> Plan:
     """Decide what the claim with ``token`` at database time ``now`` does.
 
-    Order: a run left unfinished by a dead holder first (retry or abandon), then due scheduled
-    slots (misfire policy), then a pending manual trigger. At most one slot runs per claim;
+    Order: a run left unfinished by a dead holder first (retry or abandon; quarantine the job
+    when too many runs in a row ended with their worker gone), then due scheduled slots
+    (misfire policy), then a pending manual trigger. At most one slot runs per claim;
     anything left over keeps the job due, so the next claim continues.
     """
     skipped: list[Skipped] = []
     done: dt.datetime | None = None
     prior_token: int | None = None
     prior_error: str | None = None
+    streak = state.crash_streak
 
     if state.running_slot is not None:
         prior_token = state.running_token
         attempt = (state.running_attempt or 1) + 1
+        if state.prior_gone:
+            streak += 1
+            ended = (
+                f"the run with token {prior_token} ended with its worker gone (no finish "
+                "record before its lease expired: killed, crashed or out of memory?)"
+            )
+        else:
+            ended = (
+                f"the run with token {prior_token} did not finish (its holder stopped or lost "
+                "its lease)"
+            )
+        if (
+            state.prior_gone
+            and policy.quarantine_after is not None
+            and streak >= policy.quarantine_after
+        ):
+            reason = (
+                f"quarantined: {streak} consecutive runs ended with their worker gone (the "
+                f"last: slot {state.running_slot.isoformat()}, token {prior_token}); "
+                "`tenure jobs resume` lifts it"
+            )
+            prior_error = f"{ended}; not retried: the job is {reason}"
+            slot_kind = state.running_kind or "scheduled"
+            return Plan(
+                done_slot=None if state.running_kind == "manual" else state.running_slot,
+                skipped=(Skipped(state.running_slot, slot_kind, "abandoned", reason),),
+                prior_token=prior_token,
+                prior_error=prior_error,
+                crash_streak=streak,
+                quarantine=reason,
+            )
         if policy.on_crash == "retry" and attempt <= MAX_ATTEMPTS:
             return Plan(
                 run_slot=state.running_slot,
@@ -283,17 +327,15 @@ def plan(schedule: Schedule, policy: Policy, state: JobState, now: dt.datetime, 
                 run_kind="manual" if state.running_kind == "manual" else "retry",
                 attempt=attempt,
                 prior_token=prior_token,
-                prior_error=(
-                    f"the run with token {prior_token} did not finish (its holder stopped "
-                    f"or lost its lease); retried with token {token}"
-                ),
+                prior_error=f"{ended}; retried with token {token}",
+                crash_streak=streak,
             )
         why = (
             "on_crash='skip'"
             if policy.on_crash == "skip"
             else f"it already ran {attempt - 1} times without finishing"
         )
-        prior_error = f"the run with token {prior_token} did not finish; not retried: {why}"
+        prior_error = f"{ended}; not retried: {why}"
         skipped.append(
             Skipped(state.running_slot, state.running_kind or "scheduled", "abandoned", prior_error)
         )
@@ -348,6 +390,7 @@ def plan(schedule: Schedule, policy: Policy, state: JobState, now: dt.datetime, 
                 skipped=tuple(skipped),
                 prior_token=prior_token,
                 prior_error=prior_error,
+                crash_streak=streak,
             )
 
     if state.trigger_at is not None:
@@ -360,6 +403,7 @@ def plan(schedule: Schedule, policy: Policy, state: JobState, now: dt.datetime, 
             skipped=tuple(skipped),
             prior_token=prior_token,
             prior_error=prior_error,
+            crash_streak=streak,
         )
     return Plan(
         next_slot=next_slot,
@@ -367,6 +411,7 @@ def plan(schedule: Schedule, policy: Policy, state: JobState, now: dt.datetime, 
         skipped=tuple(skipped),
         prior_token=prior_token,
         prior_error=prior_error,
+        crash_streak=streak,
     )
 
 

@@ -24,6 +24,7 @@ class JobSpec:
     schedule: Schedule
     ttl: float
     policy: Policy
+    isolation: str = "none"  # "process": the body runs in a child process
 
     @property
     def is_async(self) -> bool:

@@ -64,15 +64,19 @@ log = logging.getLogger("tenure.scheduler")
 MAX_IDLE = 10.0
 #: Pause before claiming again when due jobs were left to a concurrent claimer.
 CONTENTION_BACKOFF = 0.02
-#: The schema version that has the scheduler's tables.
-SCHEMA_VERSION = 3
+#: The schema version that has the scheduler's tables (5: quarantine and app ownership).
+SCHEMA_VERSION = 5
 
 
 class Worker:
     """Runs one :class:`~tenure.Scheduler`'s jobs until asked to stop."""
 
-    def __init__(self, app: Scheduler, *, concurrency: int, shutdown_grace: float) -> None:
+    def __init__(
+        self, app: Scheduler, *, concurrency: int, shutdown_grace: float, adopt: bool = False
+    ) -> None:
         self.app = app
+        self.app_name = app.name
+        self.adopt = adopt
         self.concurrency = concurrency
         self.shutdown_grace = shutdown_grace
         self.id = uuid.uuid4().hex[:12]
@@ -162,7 +166,9 @@ class Worker:
                     f"(version {version}, need {SCHEMA_VERSION}); run `tenure migrate` or "
                     "start the worker with --migrate"
                 )
-            await register(self.client, specs, defined_by=self.label)
+            await register(
+                self.client, specs, defined_by=self.label, app=self.app_name, adopt=self.adopt
+            )
             listener = listen(
                 self.app.dsn,
                 self.channel,
@@ -174,12 +180,13 @@ class Worker:
             tasks.append(asyncio.create_task(listener, name="tenure-listen"))
             tasks.append(asyncio.create_task(pruner, name="tenure-prune"))
             log.info(
-                "tenure %s started: %d jobs, concurrency %d, schema %r on %s",
+                "tenure %s started: %d jobs, concurrency %d, schema %r on %s, app %r",
                 self.label,
                 len(specs),
                 self.concurrency,
                 app.schema,
                 self.client.where,
+                self.app_name,
                 extra={"worker": self.id},
             )
             self.ready.set()
@@ -220,7 +227,11 @@ class Worker:
                 try:
                     rows = await self.client._fetch(
                         "sched_claim",
-                        {"limit": free, "exclude": sorted(self._exclude)},
+                        {
+                            "limit": free,
+                            "exclude": sorted(self._exclude),
+                            "app": self.app_name,
+                        },
                         doing="claiming due jobs",
                         wrote=True,
                     )
@@ -281,7 +292,7 @@ class Worker:
                 self._warned.add((claim.job_key, claim.revision))
                 log.warning(
                     "job %r: the database holds a different definition (revision %d: %s) "
-                    "than this worker's code (%s); following the database, where the newest "
+                    "than this worker's code (%s); following the database, where the app's newest "
                     "registration wins. Restart this worker with the current code",
                     claim.job_key,
                     claim.revision,
@@ -343,6 +354,13 @@ class Worker:
                 )
                 metrics.emit(metrics.RELEASE, claim.job_key, value=0.0)
                 continue
+            if decided.quarantine is not None:
+                log.error(
+                    "job %r %s",
+                    claim.job_key,
+                    decided.quarantine,
+                    extra={**extra, "quarantined": True},
+                )
             self._report_skipped(claim, decided)
             if decided.run_slot is None:
                 metrics.emit(metrics.RELEASE, claim.job_key, value=0.0)
@@ -368,6 +386,8 @@ class Worker:
                 extra=extra,
             )
         for s in abandoned:
+            if decided.quarantine is not None:
+                continue  # logged as the quarantine
             log.warning(
                 "job %r: slot %s abandoned: %s",
                 claim.job_key,

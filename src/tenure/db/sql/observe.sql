@@ -11,7 +11,8 @@ SELECT EXISTS (
 SELECT max(version) FROM {schema}.tenure_migrations;
 
 -- name: observe_jobs
--- Per scheduled job: its schedule (for the slot interval), whether it is paused, when its
+-- Per scheduled job: its schedule (for the slot interval), whether it is paused (and whether
+-- the scheduler quarantined it), when its
 -- newest successful run finished, and how long it has gone without one. With no success in
 -- the (pruned) history, the age counts from the oldest history row, else from the
 -- registration: a lower bound, so an alert on it never fires early. Both lateral lookups
@@ -21,6 +22,7 @@ SELECT j.job_key,
        j.every,
        j.timezone,
        j.paused,
+       j.quarantined_at IS NOT NULL AS quarantined,
        extract(epoch FROM s.finished_at)::float8 AS last_success,
        extract(epoch FROM clock_timestamp()
                           - coalesce(s.finished_at, f.recorded_at, j.defined_at))::float8

@@ -3,30 +3,44 @@
 -- slot times are computed in Python (cronsim) from database times only, and passed in.
 
 -- name: sched_register
--- Upsert this worker's job definitions (sorted by key, so concurrent registrations lock rows
--- in the same order). An identical definition writes nothing; a changed one wins (the newest
--- registration), bumps the revision and, if the schedule itself changed, restarts it at the
--- first slot after now. Returns one row per inserted or changed job, with the old definition
--- (NULLs for a new job) so the worker can log what changed. The job_state row (token 0 until
--- the first claim) lets the claim lock it with SKIP LOCKED.
+-- Upsert app %(app)s's job definitions (sorted by key, so concurrent registrations lock rows
+-- in the same order). A definition belongs to the app that registered it: if another app
+-- owns any of these keys, nothing is written (unless %(adopt)s) and those keys come back as
+-- conflict rows, so the worker refuses to start instead of flipping the definition back and
+-- forth on every deploy of either app. The owner is re-checked on each locked row (a
+-- concurrent registration by another app between the read and the write keeps its row).
+-- An identical definition writes nothing; a changed one bumps the revision and, if the
+-- schedule itself changed, restarts it at the first slot after now; a change of owner alone
+-- (adopt, or stamping a row registered before owners existed) keeps the revision. Returns
+-- one row per inserted or changed job, with the old definition (NULLs for a new job) so the
+-- worker can log what changed. The job_state row (token 0 until the first claim) lets the
+-- claim lock it with SKIP LOCKED.
 WITH incoming AS (
     SELECT *
     FROM unnest(%(keys)s::text[], %(crons)s::text[], %(everys)s::interval[],
                 %(timezones)s::text[], %(ttls)s::interval[], %(misfires)s::text[],
-                %(graces)s::interval[], %(on_crashes)s::text[], %(next_slots)s::timestamptz[])
-        AS i(job_key, cron, every, timezone, ttl, misfire, misfire_grace, on_crash, next_slot)
+                %(graces)s::interval[], %(on_crashes)s::text[], %(next_slots)s::timestamptz[],
+                %(quarantine_afters)s::integer[])
+        AS i(job_key, cron, every, timezone, ttl, misfire, misfire_grace, on_crash, next_slot,
+             quarantine_after)
 ), old AS MATERIALIZED (
     SELECT j.job_key, j.cron, j.every, j.timezone, j.ttl, j.misfire, j.misfire_grace,
-           j.on_crash, j.defined_by, j.defined_at
+           j.on_crash, j.defined_by, j.defined_at, j.app, j.revision
     FROM {schema}.scheduled_jobs AS j
     WHERE j.job_key IN (SELECT job_key FROM incoming)
+), conflicts AS MATERIALIZED (
+    SELECT o.job_key, o.app, o.defined_by, o.defined_at
+    FROM old AS o
+    WHERE o.app IS NOT NULL AND o.app <> %(app)s AND NOT %(adopt)s::boolean
 ), upserted AS (
     INSERT INTO {schema}.scheduled_jobs AS j
         (job_key, cron, every, timezone, ttl, misfire, misfire_grace, on_crash, defined_at,
-         defined_by, next_slot)
+         defined_by, next_slot, quarantine_after, app)
     SELECT i.job_key, i.cron, i.every, i.timezone, i.ttl, i.misfire, i.misfire_grace,
-           i.on_crash, clock_timestamp(), %(defined_by)s, i.next_slot
+           i.on_crash, clock_timestamp(), %(defined_by)s, i.next_slot, i.quarantine_after,
+           %(app)s
     FROM incoming AS i
+    WHERE NOT EXISTS (SELECT 1 FROM conflicts)
     ORDER BY i.job_key
     ON CONFLICT (job_key) DO UPDATE
     SET cron = excluded.cron,
@@ -36,32 +50,49 @@ WITH incoming AS (
         misfire = excluded.misfire,
         misfire_grace = excluded.misfire_grace,
         on_crash = excluded.on_crash,
-        revision = j.revision + 1,
+        quarantine_after = excluded.quarantine_after,
+        app = excluded.app,
+        revision = CASE
+            WHEN (j.cron, j.every, j.timezone, j.ttl, j.misfire, j.misfire_grace, j.on_crash,
+                  j.quarantine_after)
+                 IS DISTINCT FROM (excluded.cron, excluded.every, excluded.timezone,
+                                   excluded.ttl, excluded.misfire, excluded.misfire_grace,
+                                   excluded.on_crash, excluded.quarantine_after)
+            THEN j.revision + 1 ELSE j.revision END,
         defined_at = excluded.defined_at,
         defined_by = excluded.defined_by,
         next_slot = CASE
             WHEN (j.cron, j.every, j.timezone)
                  IS DISTINCT FROM (excluded.cron, excluded.every, excluded.timezone)
             THEN excluded.next_slot ELSE j.next_slot END
-    WHERE (j.cron, j.every, j.timezone, j.ttl, j.misfire, j.misfire_grace, j.on_crash)
+    WHERE (j.cron, j.every, j.timezone, j.ttl, j.misfire, j.misfire_grace, j.on_crash,
+           j.quarantine_after, j.app)
           IS DISTINCT FROM (excluded.cron, excluded.every, excluded.timezone, excluded.ttl,
-                            excluded.misfire, excluded.misfire_grace, excluded.on_crash)
+                            excluded.misfire, excluded.misfire_grace, excluded.on_crash,
+                            excluded.quarantine_after, excluded.app)
+      AND (j.app IS NULL OR j.app = excluded.app OR %(adopt)s::boolean)
     RETURNING j.job_key, j.revision, j.next_slot
 ), state AS (
     INSERT INTO {schema}.job_state (job_key, token)
     SELECT job_key, 0 FROM incoming
+    WHERE NOT EXISTS (SELECT 1 FROM conflicts)
     ORDER BY job_key
     ON CONFLICT (job_key) DO NOTHING
 )
 SELECT u.job_key, u.revision, u.next_slot, o.cron, o.every, o.timezone, o.ttl, o.misfire,
-       o.misfire_grace, o.on_crash, o.defined_by, o.defined_at,
+       o.misfire_grace, o.on_crash, o.defined_by, o.defined_at, o.app,
+       u.revision IS DISTINCT FROM o.revision AS redefined, false AS conflict,
        pg_notify(%(channel)s, 'defined')::text AS notified
 FROM upserted AS u
-LEFT JOIN old AS o ON o.job_key = u.job_key;
+LEFT JOIN old AS o ON o.job_key = u.job_key
+UNION ALL
+SELECT c.job_key, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, c.defined_by,
+       c.defined_at, c.app, false, true, NULL
+FROM conflicts AS c;
 
 -- name: sched_claim
--- Claim up to %(limit)s due jobs in ONE statement, for a worker that runs every job key except
--- %(exclude)s. A job is due when its due_at (next slot, or -infinity for a pending retry or
+-- Claim up to %(limit)s due jobs in ONE statement, for a worker of app %(app)s that runs every
+-- job key of its app (or not yet stamped with one) except %(exclude)s. A job is due when its due_at (next slot, or -infinity for a pending retry or
 -- trigger) has passed by the database clock, it is not paused, its lease is not live, and no
 -- other worker is claiming it (SKIP LOCKED on the job row and on its fence row: a job whose
 -- previous holder still has a fenced transaction open is left for a later claim instead of
@@ -77,12 +108,20 @@ WITH clock AS MATERIALIZED (
 ), due AS MATERIALIZED (
     SELECT j.job_key, j.cron, j.every, j.timezone, j.ttl, j.misfire, j.misfire_grace,
            j.on_crash, j.revision, j.next_slot, j.done_slot, j.running_slot, j.running_kind,
-           j.running_token, j.running_attempt, j.trigger_at
+           j.running_token, j.running_attempt, j.trigger_at, j.crash_streak,
+           j.quarantine_after,
+           -- The unfinished run has no finish record: its worker is gone (a worker that
+           -- lost the lease or shut down records its end with sched_finish).
+           (j.running_token IS NOT NULL AND EXISTS (
+               SELECT 1 FROM {schema}.job_runs AS r
+               WHERE r.job_key = j.job_key AND r.token = j.running_token
+                 AND r.started_at IS NOT NULL AND r.outcome = 'running')) AS prior_gone
     FROM {schema}.scheduled_jobs AS j
     JOIN {schema}.job_state AS s ON s.job_key = j.job_key
     WHERE NOT j.paused
       AND j.due_at <= (SELECT now FROM clock)
       AND j.job_key <> ALL (%(exclude)s::text[])
+      AND (j.app IS NULL OR j.app = %(app)s)
       AND NOT EXISTS (
           SELECT 1 FROM {schema}.job_leases AS l
           WHERE l.job_key = j.job_key AND l.lease_until >= clock_timestamp())
@@ -120,15 +159,18 @@ WITH clock AS MATERIALIZED (
     SELECT least(
         (SELECT min(j.due_at) FROM {schema}.scheduled_jobs AS j
          WHERE NOT j.paused AND j.due_at > c.now
-           AND j.job_key <> ALL (%(exclude)s::text[])),
+           AND j.job_key <> ALL (%(exclude)s::text[])
+           AND (j.app IS NULL OR j.app = %(app)s)),
         (SELECT min(l.lease_until)
          FROM {schema}.scheduled_jobs AS j
          JOIN {schema}.job_leases AS l ON l.job_key = j.job_key
          WHERE NOT j.paused AND j.due_at <= c.now AND l.lease_until >= c.now
-           AND j.job_key <> ALL (%(exclude)s::text[])),
+           AND j.job_key <> ALL (%(exclude)s::text[])
+           AND (j.app IS NULL OR j.app = %(app)s)),
         (SELECT c.now FROM {schema}.scheduled_jobs AS j
          WHERE NOT j.paused AND j.due_at <= c.now
            AND j.job_key <> ALL (%(exclude)s::text[])
+           AND (j.app IS NULL OR j.app = %(app)s)
            AND j.job_key NOT IN (SELECT job_key FROM due)
            AND NOT EXISTS (
                SELECT 1 FROM {schema}.job_leases AS l
@@ -140,13 +182,13 @@ WITH clock AS MATERIALIZED (
 SELECT t.job_key, t.lease_owner, t.fencing_token, t.lease_until, d.cron, d.every, d.timezone,
        d.ttl, d.misfire, d.misfire_grace, d.on_crash, d.revision, d.next_slot, d.done_slot,
        d.running_slot, d.running_kind, d.running_token, d.running_attempt, d.trigger_at,
-       c.now, NULL::timestamptz AS ready_at
+       c.now, NULL::timestamptz AS ready_at, d.prior_gone, d.crash_streak, d.quarantine_after
 FROM taken AS t
 JOIN due AS d ON d.job_key = t.job_key
 CROSS JOIN clock AS c
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, NULL, NULL, NULL, NULL, r.now, r.ready_at
+       NULL, NULL, NULL, NULL, NULL, r.now, r.ready_at, NULL, NULL, NULL
 FROM ready AS r;
 
 -- name: sched_start
@@ -156,7 +198,9 @@ FROM ready AS r;
 -- skipped (misfire_skipped / abandoned rows) and the run's history row. Fenced on
 -- claim_token, evaluated on the latest row version: a worker whose claim was superseded
 -- changes nothing. A previous run that never finished is marked lease_lost. Jobs with
--- nothing to run get their lease released in the same statement.
+-- nothing to run get their lease released in the same statement. crash_streak is the plan's
+-- (computed from the claimed row, which only fenced statements change); a plan with a
+-- quarantine reason pauses the job with it.
 WITH plan AS (
     SELECT *
     FROM unnest(%(keys)s::text[], %(tokens)s::bigint[], %(owners)s::uuid[],
@@ -164,12 +208,20 @@ WITH plan AS (
                 %(run_kinds)s::text[], %(attempts)s::integer[],
                 %(next_slots)s::timestamptz[], %(done_slots)s::timestamptz[],
                 %(triggers)s::timestamptz[], %(prior_tokens)s::bigint[],
-                %(prior_errors)s::text[])
+                %(prior_errors)s::text[], %(crash_streaks)s::integer[],
+                %(quarantines)s::text[])
         AS p(job_key, token, owner, revision, run_slot, run_kind, attempt, next_slot,
-             done_slot, trigger_at, prior_token, prior_error)
+             done_slot, trigger_at, prior_token, prior_error, crash_streak, quarantine)
 ), job AS (
     UPDATE {schema}.scheduled_jobs AS j
-    SET next_slot = CASE WHEN j.revision = p.revision
+    SET crash_streak = p.crash_streak,
+        paused = j.paused OR p.quarantine IS NOT NULL,
+        paused_at = CASE WHEN p.quarantine IS NOT NULL AND NOT j.paused
+                         THEN clock_timestamp() ELSE j.paused_at END,
+        quarantined_at = CASE WHEN p.quarantine IS NOT NULL
+                              THEN clock_timestamp() ELSE j.quarantined_at END,
+        quarantine_reason = coalesce(p.quarantine, j.quarantine_reason),
+        next_slot = CASE WHEN j.revision = p.revision
                          THEN greatest(j.next_slot, p.next_slot) ELSE j.next_slot END,
         done_slot = greatest(j.done_slot, p.done_slot),
         running_slot = p.run_slot,
@@ -245,7 +297,9 @@ WITH job AS (
         running_attempt = CASE WHEN %(done)s::boolean THEN NULL ELSE j.running_attempt END,
         done_slot = CASE WHEN %(done)s::boolean AND %(kind)s::text <> 'manual'
                          THEN greatest(j.done_slot, %(slot)s::timestamptz)
-                         ELSE j.done_slot END
+                         ELSE j.done_slot END,
+        -- This run recorded its end: its worker was not gone.
+        crash_streak = 0
     WHERE j.job_key = %(job_key)s AND j.claim_token = %(token)s
       AND j.running_token = %(token)s
     RETURNING j.job_key
@@ -300,7 +354,8 @@ SELECT j.job_key, j.cron, j.every, j.timezone, j.ttl, j.misfire, j.misfire_grace
        j.revision, j.defined_at, j.defined_by, j.paused, j.next_slot, j.running_slot,
        j.running_token, j.trigger_at, l.fencing_token, l.lease_until,
        coalesce(l.lease_until >= clock_timestamp(), false) AS held,
-       last.outcome, last.slot, last.finished_at, clock_timestamp() AS now
+       last.outcome, last.slot, last.finished_at, clock_timestamp() AS now,
+       j.quarantine_after, j.crash_streak, j.quarantined_at, j.quarantine_reason, j.app
 FROM {schema}.scheduled_jobs AS j
 LEFT JOIN {schema}.job_leases AS l ON l.job_key = j.job_key
 LEFT JOIN LATERAL (
@@ -314,7 +369,7 @@ ORDER BY j.job_key;
 
 -- name: sched_get
 SELECT job_key, cron, every, timezone, revision, paused, next_slot, trigger_at,
-       clock_timestamp() AS now
+       clock_timestamp() AS now, quarantine_reason
 FROM {schema}.scheduled_jobs
 WHERE job_key = %(job_key)s;
 
@@ -334,9 +389,12 @@ FROM old AS o;
 -- name: sched_resume
 -- Resume from now on: %(next_slot)s is the first slot after the database's now, computed by
 -- the caller from revision %(revision)s; slots that passed while paused are not run.
+-- Resuming lifts a quarantine too, and the job's streak of runs whose worker was gone
+-- starts again from zero.
 WITH changed AS (
     UPDATE {schema}.scheduled_jobs AS j
-    SET paused = false, paused_at = NULL, next_slot = greatest(j.next_slot, %(next_slot)s)
+    SET paused = false, paused_at = NULL, next_slot = greatest(j.next_slot, %(next_slot)s),
+        quarantined_at = NULL, quarantine_reason = NULL, crash_streak = 0
     WHERE j.job_key = %(job_key)s AND j.paused AND j.revision = %(revision)s
     RETURNING j.next_slot
 )

@@ -51,7 +51,8 @@ SELECT k.job_key,
        w.durations,
        res.applied_fencing_token,
        res.written_at,
-       c.now
+       c.now,
+       j.quarantine_reason
 FROM keys AS k
 CROSS JOIN clock AS c
 LEFT JOIN {schema}.job_leases AS l ON l.job_key = k.job_key

@@ -1,0 +1,163 @@
+"""A job must never take its worker down: whatever its body raises (SystemExit,
+KeyboardInterrupt, sync or async) is recorded as that run's failure and the worker keeps
+scheduling, in a real `tenure worker` process."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.support.env import run_tenure, tenure_env
+from tests.support.scheduler_support import prepare, query, wait_for, worker_processes
+
+pytestmark = pytest.mark.slow
+
+
+def finished(dsn: str, schema: str, key: str) -> list[tuple[str, str | None]]:
+    return query(
+        dsn,
+        schema,
+        "SELECT outcome, error FROM {schema}.job_runs "
+        "WHERE job_key = %s AND outcome <> 'running' ORDER BY run_id",
+        (key,),
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "error"),
+    [
+        ("exit-sync", "SystemExit: 3"),
+        ("exit-async", "SystemExit: 4"),
+        ("interrupt-sync", "KeyboardInterrupt"),
+        ("interrupt-async", "KeyboardInterrupt"),
+        ("cancel-itself", "CancelledError: the body raised this itself"),
+    ],
+)
+def test_a_body_that_raises_baseexception_fails_its_run_and_the_worker_carries_on(
+    dsn: str, schema: str, tmp_path: Path, key: str, error: str
+) -> None:
+    prepare(dsn, schema)
+    env = tenure_env(dsn, schema)
+    with worker_processes(1, "hostile", env, tmp_path) as [worker]:
+        done = run_tenure(["jobs", "trigger", key], env)
+        assert done.returncode == 0, done.stderr
+
+        def recorded() -> list[tuple[str, str | None]]:
+            code = worker.proc.poll()
+            assert code is None, f"the worker exited with {code}:\n{worker.log()}"
+            return finished(dsn, schema, key)
+
+        [(outcome, message)] = wait_for(recorded, timeout=30, what=f"{key}'s run to be recorded")
+        assert (outcome, message) == ("failed", error)
+        # It keeps scheduling: the every-1s job runs again after the bad run.
+        [(before,)] = query(
+            dsn, schema, "SELECT count(*) FROM {schema}.evidence WHERE job_key = 'innocent'"
+        )
+        wait_for(
+            lambda: query(
+                dsn,
+                schema,
+                "SELECT 1 FROM {schema}.evidence WHERE job_key = 'innocent' HAVING count(*) >= %s",
+                (before + 2,),
+            ),
+            timeout=30,
+            what="the innocent job to run twice more",
+        )
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0, worker.log()
+    assert "Traceback" in worker.log()  # the failure is logged with its traceback
+    assert f"job {key!r} slot" in worker.log()
+
+
+# -- isolation="process" ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "error"),
+    [
+        ("segfault", "the job's process was killed by SIGSEGV"),
+        ("exit-hard", "the job's process exited with status 5 before reporting"),
+        ("raises", "ValueError: boom"),
+    ],
+)
+def test_an_isolated_body_that_crashes_fails_only_its_run(
+    dsn: str, schema: str, tmp_path: Path, key: str, error: str
+) -> None:
+    prepare(dsn, schema)
+    env = tenure_env(dsn, schema)
+    with worker_processes(1, "isolated", env, tmp_path) as [worker]:
+        done = run_tenure(["jobs", "trigger", key], env)
+        assert done.returncode == 0, done.stderr
+
+        def recorded() -> list[tuple[str, str | None]]:
+            code = worker.proc.poll()
+            assert code is None, f"the worker exited with {code}:\n{worker.log()}"
+            return finished(dsn, schema, key)
+
+        assert wait_for(recorded, timeout=30, what=f"{key}'s run") == [("failed", error)]
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0, worker.log()
+    # Not quarantined: the worker recorded the end of the run.
+    assert query(
+        dsn,
+        schema,
+        "SELECT paused, crash_streak FROM {schema}.scheduled_jobs WHERE job_key = %s",
+        (key,),
+    ) == [(False, 0)]
+
+
+def test_an_isolated_body_runs_in_a_child_with_fenced_writes(
+    dsn: str, schema: str, tmp_path: Path
+) -> None:
+    prepare(dsn, schema)
+    env = tenure_env(dsn, schema)
+    with worker_processes(1, "isolated", env, tmp_path) as [worker]:
+        for key in ("writes", "writes-async"):
+            done = run_tenure(["jobs", "trigger", key], env)
+            assert done.returncode == 0, done.stderr
+            runs = wait_for(lambda k=key: finished(dsn, schema, k), timeout=30, what=key)
+            assert runs == [("succeeded", None)], runs
+        [(token, pid)] = query(
+            dsn,
+            schema,
+            "SELECT token, pid FROM {schema}.evidence WHERE job_key = 'writes'",
+        )
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0, worker.log()
+    assert pid != worker.pid  # a child process ran it
+    assert query(
+        dsn,
+        schema,
+        "SELECT applied_fencing_token, payload FROM {schema}.report_results "
+        "WHERE job_key = 'writes'",
+    ) == [(token, {"pid": pid, "token": token})]
+    [(async_pid,)] = query(
+        dsn, schema, "SELECT pid FROM {schema}.evidence WHERE job_key = 'writes-async'"
+    )
+    assert async_pid not in (worker.pid, pid)
+
+
+def test_a_stopping_worker_stops_its_isolated_child_and_hands_the_slot_over(
+    dsn: str, schema: str, tmp_path: Path
+) -> None:
+    prepare(dsn, schema)
+    env = tenure_env(dsn, schema)
+    with worker_processes(1, "isolated", env, tmp_path, args=["--shutdown-grace", "0"]) as [worker]:
+        done = run_tenure(["jobs", "trigger", "waits"], env)
+        assert done.returncode == 0, done.stderr
+        [(child,)] = wait_for(
+            lambda: query(dsn, schema, "SELECT pid FROM {schema}.evidence WHERE job_key = 'waits'"),
+            timeout=30,
+            what="the isolated child to start",
+        )
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0, worker.log()
+    assert not os.path.exists(f"/proc/{child}")  # the child is gone, not orphaned
+    assert finished(dsn, schema, "waits") == [
+        ("cancelled", "the worker shut down before the run finished; the slot is handed over")
+    ]
+    phases = query(dsn, schema, "SELECT phase FROM {schema}.evidence WHERE job_key = 'waits'")
+    assert phases == [("started",)]  # ctx.check() raised in the child: no "finished"
