@@ -178,6 +178,53 @@ def test_command_environment_and_exit_code(
     assert lease is not None and lease.token == 2
 
 
+def test_nested_exec_uses_its_own_key_not_the_outer_one(
+    env: dict[str, str], client: tenure.Client
+) -> None:
+    """The outer exec exports TENURE_JOB_KEY to its command; a nested `tenure exec --key
+    inner` must run under 'inner', not read the outer key as its own --key (and find it
+    busy). The nested command still sees its own key and token."""
+    inner = f"{PY} -m tenure exec --key inner -- sh -c 'echo $TENURE_JOB_KEY $TENURE_FENCING_TOKEN'"
+    result = run_tenure(["exec", "--key", "outer", "--", "sh", "-c", inner], env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["inner", "1"]
+    assert "busy" not in result.stderr
+    outer, nested = client.inspect("outer"), client.inspect("inner")
+    assert outer is not None and nested is not None and nested.token == 1
+
+
+def test_nested_exec_without_key_does_not_take_the_outer_key(
+    env: dict[str, str], client: tenure.Client
+) -> None:
+    """TENURE_JOB_KEY is what the outer exec tells its command, not an option of a nested
+    exec: one that was given no --key is a usage error (exit 2), not a silent 'outer is
+    busy' (exit 0) that never runs its command."""
+    inner = f"{PY} -m tenure exec -- echo hi"
+    result = run_tenure(["exec", "--key", "outer", "--", "sh", "-c", inner], env)
+    assert "busy" not in result.stderr
+    assert result.returncode == 2, result.stderr
+    assert "Missing option '--key'" in _one_line(result.stderr)
+    assert client.inspect("outer") is not None
+
+
+def test_exec_options_set_in_the_environment_do_not_reach_a_nested_exec(
+    env: dict[str, str], client: tenure.Client
+) -> None:
+    """Options given to the outer exec through their TENURE_EXEC_* twins are the outer
+    exec's: a nested exec does not inherit them (here --slot, which would make the nested
+    run find its slot... or share one it was never given)."""
+    dump = f"{PY} -c 'import json, os; print(json.dumps(dict(os.environ)))'"
+    nested = f"{PY} -m tenure exec --key inner -- sh -c \"{dump}\""
+    outer_env = {**env, "TENURE_EXEC_KEY": "outer", "TENURE_EXEC_SLOT": "s1"}
+    result = run_tenure(["exec", "--", "sh", "-c", nested], outer_env)
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout)
+    assert seen["TENURE_JOB_KEY"] == "inner"
+    assert "TENURE_SLOT" not in seen  # the nested run had no --slot
+    assert not [name for name in seen if name.startswith("TENURE_EXEC_")]
+    assert client.inspect("outer") is not None
+
+
 def test_leftover_processes_in_the_group_are_killed(env: dict[str, str], tmp_path: Path) -> None:
     """The lease ends with the command: what it left running in its group does not outlive
     it (this fails if only the command itself is waited for)."""
@@ -621,6 +668,7 @@ def test_help_lists_exit_codes_and_environment_twins(env: dict[str, str]) -> Non
         "TENURE_EXEC_EVERY",
         "TENURE_EXEC_WAIT",
         "TENURE_EXEC_BUSY_EXIT",
+        "TENURE_EXEC_KEY",
         "TENURE_JOB_KEY",
         "TENURE_FENCING_TOKEN",
         "TENURE_LEASE_OWNER",

@@ -29,9 +29,12 @@ Exit codes:
 \b
 The command's environment also has:
   TENURE_JOB_KEY, TENURE_FENCING_TOKEN   what `tenure result put` reads by default
+                                         (strict inside exec: see `result put --help`)
   TENURE_LEASE_OWNER                     this execution's owner UUID
   TENURE_DSN, TENURE_SCHEMA              where the lease lives (resolved DSN)
   TENURE_SLOT                            the slot, with --slot/--every
+and not this exec's own TENURE_EXEC_* settings: a nested `tenure exec` takes only
+the options it is given (TENURE_JOB_KEY is not --key's twin: TENURE_EXEC_KEY is).
 
 \b
 Examples:
@@ -148,7 +151,7 @@ def _check_key(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @click.option(
     "--key",
     required=True,
-    envvar="TENURE_JOB_KEY",
+    envvar="TENURE_EXEC_KEY",
     show_envvar=True,
     callback=_check_key,
     help="Job key: one lease (and token sequence) per key.",

@@ -51,6 +51,9 @@ EXIT_LEASE_LOST = 75  # EX_TEMPFAIL from sysexits.h: "try again later"
 EXIT_NOT_EXECUTABLE = 126  # the shell's codes for a command it cannot run
 EXIT_NOT_FOUND = 127
 
+#: Prefix of ``tenure exec``'s option twins, kept out of the command's environment.
+ENV_PREFIX = "TENURE_EXEC_"
+
 
 @dataclass(frozen=True, slots=True)
 class ExecRequest:
@@ -169,7 +172,9 @@ def _run_leased(
         if done is not None:
             _already_done(req, slot, done)
             return EXIT_OK, "already_done"
-    env = dict(os.environ)
+    # This exec's own settings (its options' TENURE_EXEC_* twins) stay here: a nested
+    # `tenure exec` in the command must take only the options it is given.
+    env = {name: value for name, value in os.environ.items() if not name.startswith(ENV_PREFIX)}
     env.update(
         TENURE_JOB_KEY=req.key,
         TENURE_FENCING_TOKEN=str(lease.token),
@@ -179,6 +184,8 @@ def _run_leased(
     )
     if slot is not None:
         env["TENURE_SLOT"] = slot
+    else:  # not an outer exec's slot either
+        env.pop("TENURE_SLOT", None)
     child.token = lease.token
     lease.on_lost(child.lease_lost)
     try:
