@@ -214,7 +214,7 @@ def test_exec_options_set_in_the_environment_do_not_reach_a_nested_exec(
     exec's: a nested exec does not inherit them (here --slot, which would make the nested
     run find its slot... or share one it was never given)."""
     dump = f"{PY} -c 'import json, os; print(json.dumps(dict(os.environ)))'"
-    nested = f"{PY} -m tenure exec --key inner -- sh -c \"{dump}\""
+    nested = f'{PY} -m tenure exec --key inner -- sh -c "{dump}"'
     outer_env = {**env, "TENURE_EXEC_KEY": "outer", "TENURE_EXEC_SLOT": "s1"}
     result = run_tenure(["exec", "--", "sh", "-c", nested], outer_env)
     assert result.returncode == 0, result.stderr
@@ -293,6 +293,43 @@ def test_paused_holder_and_command_cannot_store_their_result(
     stored = client.results.get("job")
     assert stored is not None
     assert stored.token == token_a + 1 and stored.payload == {"by": "B"}
+
+
+def test_result_put_inside_exec_is_strict_once_a_successor_took_over(
+    env: dict[str, str],
+    client: tenure.Client,
+    tmp_path: Path,
+    reap: list[subprocess.Popen[str]],
+) -> None:
+    """Inside `tenure exec`, `tenure result put` (token from $TENURE_FENCING_TOKEN) applies
+    fence()'s rule: once a successor has taken over, the write is refused even though the
+    successor has not written anything. `--no-strict` is the seed's rule, which accepts it
+    (the documented difference)."""
+    d = tmp_path
+    script = (
+        f"touch {d}/started; while [ ! -e {d}/go ]; do sleep 0.05; done; "
+        f"""echo '{{"by": "old"}}' | {PY} -m tenure result put > {d}/strict 2>&1; """
+        f"echo $? > {d}/strict_rc; "
+        f"""echo '{{"by": "old"}}' | {PY} -m tenure result put --no-strict > {d}/seed 2>&1; """
+        f"echo $? > {d}/seed_rc"
+    )
+    # A long TTL: the exec's next renewal (which would notice the takeover) is minutes away.
+    proc = _exec(["--key", "job", "--ttl", "300s", "--", "sh", "-c", script], env)
+    reap.append(proc)
+    _wait_for((d / "started").exists, "the command")
+    assert client.release("job") == 1  # an operator expires the lease...
+    successor = client.acquire("job", ttl=60)  # ...and a successor takes over, writing nothing
+    assert successor is not None and successor.token == 2
+    (d / "go").touch()
+    _wait_for((d / "seed_rc").exists, "the command's writes")
+    assert (d / "strict_rc").read_text().strip() == "1", (d / "strict").read_text()
+    assert "stale fencing token" in (d / "strict").read_text()
+    assert "token 1 rejected" in (d / "strict").read_text()
+    assert (d / "seed_rc").read_text().strip() == "0", (d / "seed").read_text()
+    stored = client.results.get("job")
+    assert stored is not None and stored.token == 1  # accepted only under the seed's rule
+    code, _, err = _finish(proc)
+    assert code == 0, err  # the command's own code: exec noticed nothing (no renewal yet)
 
 
 # -- lease lost while the command runs ----------------------------------------------------------
