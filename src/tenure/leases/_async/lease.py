@@ -166,6 +166,7 @@ class AsyncLease:
                     "lock_timeout": lock_timeout_ms(self.ttl / 3),
                 },
                 doing=f"renewing lease {self.job_key!r}",
+                wrote=True,
             )
         except TenureError:
             metrics.emit(metrics.RENEW, self.job_key, "error")
