@@ -24,6 +24,7 @@ import pytest
 import tenure
 from tests.support.env import run_tenure, tenure_env
 from tests.support.fix_proxy import Proxy
+from tests.support.roles import app_role
 
 PY = sys.executable
 # Generous: the machine is shared, and a `tenure exec` start costs a Python start-up.
@@ -583,7 +584,8 @@ def test_success_after_losing_the_lease_does_not_mark_the_slot_done(
 ) -> None:
     """The lease is taken over and the command exits 0 before `tenure exec` notices (its
     next renewal is seconds away): the slot's completion is written in a transaction fenced
-    by the old token, which fails, so the slot is not done and runs again."""
+    by the old token, which fails, so the slot is not done and runs again. Not a silent
+    success: exit 75 (the lease was lost), with one line saying so."""
     started, go = tmp_path / "started", tmp_path / "go"
     script = f"touch {started}; while [ ! -e {go} ]; do sleep 0.05; done"
     args = ["--key", "job", "--slot", "s1", "--ttl", "60s"]
@@ -595,12 +597,57 @@ def test_success_after_losing_the_lease_does_not_mark_the_slot_done(
     assert successor is not None
     go.touch()
     code, _, err = _finish(proc)
-    assert code == 0, err
-    assert "lost" in err and "marked done" in err and "may run again" in err
+    assert code == 75, err
+    line = _one_line(err)
+    assert "lost" in line and "marked done" in line and "may run again" in line
     successor.release()
     again = run_tenure(["exec", *args, "--", "sh", "-c", "echo $TENURE_FENCING_TOKEN"], env)
     assert again.returncode == 0, again.stderr
     assert again.stdout.strip() == "3"
+
+
+def test_slot_that_cannot_be_recorded_is_an_error_not_a_second_run(
+    env: dict[str, str], client: tenure.Client, dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """The role may not write exec_slots (INSERT and UPDATE revoked): a slot it runs could
+    never be marked done, so every host would run it again. That is an error (exit 1, one
+    line naming the missing privilege), and the command does not run at all."""
+    log = tmp_path / "log"
+    revoke = ("REVOKE INSERT, UPDATE ON {schema}.exec_slots FROM {role}",)
+    with app_role(dsn, schema, revoke=revoke, minimal=False) as role:
+        run = ["exec", "--key", "job", "--every", "1m", "--", "sh", "-c", f"echo ran >> {log}"]
+        first = run_tenure(run, tenure_env(role, schema))
+        second = run_tenure(run, tenure_env(role, schema))
+    assert (first.returncode, second.returncode) == (1, 1), first.stderr + second.stderr
+    line = _one_line(first.stderr)
+    assert "exec_slots" in line and "INSERT" in line and "tenure grants" in line
+    assert not log.exists(), "the command ran although its slot could not be recorded"
+
+
+def test_slot_write_refused_after_the_command_succeeded_is_an_error(
+    env: dict[str, str], client: tenure.Client, dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """The privilege disappears while the command runs (an operator's REVOKE): the command
+    succeeded but its slot cannot be marked done: exit 1, one line saying the slot may run
+    again, and the run's outcome in the metrics is slot_unrecorded, not succeeded."""
+    prom = tmp_path / "job.prom"
+    with app_role(dsn, schema, minimal=False) as role:
+        rolename = psycopg.conninfo.conninfo_to_dict(role)["user"]
+        revoke = (
+            f"import psycopg; psycopg.connect({dsn!r}, autocommit=True).execute("
+            f'\'REVOKE INSERT ON "{schema}".exec_slots FROM "{rolename}"\')'
+        )
+        run = [
+            "exec", "--key", "job", "--slot", "s1", "--metrics-textfile", str(prom),
+            "--", PY, "-c", revoke,
+        ]  # fmt: skip
+        result = run_tenure(run, tenure_env(role, schema))
+    assert result.returncode == 1, result.stderr
+    line = _one_line(result.stderr)
+    assert "'s1'" in line and "not marked done" in line and "may run again" in line
+    assert 'tenure_exec_last_run_outcome{job="job",outcome="slot_unrecorded"} 1' in (
+        prom.read_text()
+    )
 
 
 def test_every_slot_is_the_database_clock_rounded_to_the_period(

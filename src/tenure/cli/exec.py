@@ -19,10 +19,13 @@ Exit codes:
   0    the command exited 0; or the lease is busy (see --busy-exit); or the slot
        (--slot/--every) already completed on some host
   N    the command's own exit code; 128+N if it died of signal N (like a shell)
-  1    tenure error: database unreachable, schema not migrated, ... (command not run)
+  1    tenure error: database unreachable, schema not migrated, a slot this role may
+       not mark done, ... (command not run); or the command exited 0 but its slot
+       could not be marked done (it may run again)
   2    bad usage: missing --, unknown option, bad duration
   {EXIT_LEASE_LOST}   the lease was lost while the command ran (renewal refused, or the
-       database unreachable until the local deadline); the command was stopped
+       database unreachable until the local deadline); the command was stopped, or,
+       if it had already exited 0, its slot was not marked done
   126  the command was found but is not executable
   127  the command was not found
 

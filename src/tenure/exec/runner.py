@@ -13,10 +13,11 @@ Exit codes (also in ``tenure exec --help``):
 * 0: the command exited 0; or the lease is busy (``--busy-exit`` changes that); or the
   ``--slot``/``--every`` slot already completed on some host.
 * N: the command's own exit code; 128+N when it died of signal N (like a shell).
-* 1: tenure could not do its part (database unreachable, schema not migrated, ...).
+* 1: tenure could not do its part (database unreachable, schema not migrated, ...); or the
+  command succeeded but its ``--slot``/``--every`` slot could not be marked done.
 * 2: bad usage (missing ``--``, unknown option, bad duration).
 * 75 (:data:`EXIT_LEASE_LOST`, EX_TEMPFAIL): the lease was lost while the command ran and
-  the command was stopped.
+  the command was stopped (or, when it had exited 0, its slot was not marked done).
 * 126: the command was found but could not be executed; 127: it was not found.
 
 The command line is :mod:`tenure.cli.exec`; this module runs one request. The command's
@@ -51,6 +52,8 @@ EXIT_LEASE_LOST = 75  # EX_TEMPFAIL from sysexits.h: "try again later"
 EXIT_NOT_EXECUTABLE = 126  # the shell's codes for a command it cannot run
 EXIT_NOT_FOUND = 127
 
+#: The outcome (metrics, textfile) of a run whose slot could not be marked done.
+SLOT_UNRECORDED = "slot_unrecorded"
 #: Prefix of ``tenure exec``'s option twins, kept out of the command's environment.
 ENV_PREFIX = "TENURE_EXEC_"
 
@@ -132,12 +135,17 @@ def _run(req: ExecRequest, child: Supervisor) -> int:
 
 def _run_connected(client: Client, conninfo: str, req: ExecRequest, child: Supervisor) -> int:
     from .. import metrics
-    from ..errors import LeaseBusy
+    from ..errors import ConfigurationError, LeaseBusy
 
     slot: str | None = None
     if req.slot is not None or req.every is not None:
-        # A slot already done needs no token: answer before taking the lease.
-        slot, done = slot_state(client, req.key, req.slot, req.every)
+        # A slot already done needs no token: answer before taking the lease. A slot this
+        # role could not mark done is refused here, before anything runs.
+        try:
+            slot, done = slot_state(client, req.key, req.slot, req.every)
+        except ConfigurationError:
+            metrics.emit(metrics.JOB, req.key, SLOT_UNRECORDED)
+            raise
         if done is not None:
             metrics.emit(metrics.JOB, req.key, "already_done")
             _already_done(req, slot, done)
@@ -215,8 +223,30 @@ def _run_leased(
     if code != 0:
         return code, "failed"
     if slot is not None:
-        record_slot(client, lease, slot, extra)
+        return _record(client, lease, slot, extra)
     return code, "succeeded"
+
+
+def _record(client: Client, lease: Lease, slot: str, extra: dict[str, Any]) -> tuple[int, str]:
+    """Mark the slot done after the command succeeded. A slot that cannot be marked will run
+    again: never a silent success."""
+    from ..errors import StaleTokenError, TenureError
+
+    try:
+        record_slot(client, lease, slot, extra)
+    except StaleTokenError:
+        say(
+            f"lease {lease.job_key!r} token {lease.token} was lost before slot {slot!r} could "
+            "be marked done (the command succeeded); the slot may run again"
+        )
+        return EXIT_LEASE_LOST, "lease_lost"
+    except TenureError as exc:
+        say(
+            f"error: the command succeeded but slot {slot!r} was not marked done, so it may "
+            f"run again: {exc}"
+        )
+        return EXIT_ERROR, SLOT_UNRECORDED
+    return EXIT_OK, "succeeded"
 
 
 def _busy_line(busy: LeaseBusy, req: ExecRequest) -> str:
