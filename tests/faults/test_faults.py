@@ -4,6 +4,7 @@ holder whose connection is killed recovers within its lease."""
 
 from __future__ import annotations
 
+import asyncio
 import select
 import threading
 import time
@@ -236,3 +237,26 @@ def test_renewal_cut_mid_statement_is_an_unknown_outcome(dsn: str, schema: str) 
         assert isinstance(err, tenure.DatabaseUnavailable), err
         assert err.outcome_unknown
         assert "may or may not have committed" in str(err)
+
+
+def test_async_client_replaces_idle_connections_reset_by_a_proxy(
+    dsn: str, schema: str, proxy: Proxy
+) -> None:
+    """The same with the asyncio client (its pool is another class)."""
+
+    async def scenario() -> int:
+        async with await tenure.connect_async(proxy.dsn(dsn), schema=schema, pool_size=3) as c:
+            taken = [await c._pool.getconn() for _ in range(3)]
+            for conn in taken:
+                await conn.execute("SELECT 1")
+                await c._pool.putconn(conn)
+            proxy.cut()
+            _wait(lambda: _reset_seen(taken), "the resets to arrive")  # type: ignore[arg-type]
+            lease = await c.acquire("job", ttl=30)
+            assert lease is not None
+            await c.results.put("job", 1, token=lease.token, strict=True)
+            return lease.token
+
+    with tenure.connect(dsn, schema=schema, migrate=True):
+        pass
+    assert asyncio.run(scenario()) == 1
