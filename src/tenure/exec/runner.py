@@ -135,21 +135,23 @@ def _run(req: ExecRequest, child: Supervisor) -> int:
 
 def _run_connected(client: Client, conninfo: str, req: ExecRequest, child: Supervisor) -> int:
     from .. import metrics
-    from ..errors import ConfigurationError, LeaseBusy
+    from ..errors import LeaseBusy
 
     slot: str | None = None
     if req.slot is not None or req.every is not None:
-        # A slot already done needs no token: answer before taking the lease. A slot this
-        # role could not mark done is refused here, before anything runs.
-        try:
-            slot, done = slot_state(client, req.key, req.slot, req.every)
-        except ConfigurationError:
-            metrics.emit(metrics.JOB, req.key, SLOT_UNRECORDED)
-            raise
-        if done is not None:
+        # A slot already done needs no token: answer before taking the lease.
+        state = slot_state(client, req.key, req.slot, req.every)
+        slot = state.name
+        if state.done is not None:
             metrics.emit(metrics.JOB, req.key, "already_done")
-            _already_done(req, slot, done)
+            _already_done(req, slot, state.done)
             return EXIT_OK
+        if not state.can_record:
+            # It could never be marked done: every host would run it again. Refuse it
+            # before anything runs.
+            metrics.emit(metrics.JOB, req.key, SLOT_UNRECORDED)
+            say(f"error: {state.not_recordable(client.schema, req.key)}")
+            return EXIT_ERROR
     started = time.monotonic()
     try:
         with client.lease(req.key, ttl=req.ttl, wait=req.wait) as lease:
@@ -176,7 +178,7 @@ def _run_leased(
     if slot is not None:
         # Checked again under the lease, in a new statement: a predecessor that completed
         # the slot while our takeover waited for its fenced transaction is visible now.
-        _, done = slot_state(client, req.key, slot, None)
+        done = slot_state(client, req.key, slot, None).done
         if done is not None:
             _already_done(req, slot, done)
             return EXIT_OK, "already_done"
@@ -230,7 +232,7 @@ def _run_leased(
 def _record(client: Client, lease: Lease, slot: str, extra: dict[str, Any]) -> tuple[int, str]:
     """Mark the slot done after the command succeeded. A slot that cannot be marked will run
     again: never a silent success."""
-    from ..errors import StaleTokenError, TenureError
+    from ..errors import DatabaseUnavailable, StaleTokenError, TenureError
 
     try:
         record_slot(client, lease, slot, extra)
@@ -241,9 +243,12 @@ def _record(client: Client, lease: Lease, slot: str, extra: dict[str, Any]) -> t
         )
         return EXIT_LEASE_LOST, "lease_lost"
     except TenureError as exc:
+        # A lost commit acknowledgement leaves it unknown; anything else was rolled back.
+        unknown = isinstance(exc, DatabaseUnavailable) and exc.outcome_unknown
         say(
-            f"error: the command succeeded but slot {slot!r} was not marked done, so it may "
-            f"run again: {exc}"
+            f"error: the command succeeded but slot {slot!r} "
+            f"{'may not have been' if unknown else 'was not'} marked done, so it may run "
+            f"again: {exc}"
         )
         return EXIT_ERROR, SLOT_UNRECORDED
     return EXIT_OK, "succeeded"

@@ -5,6 +5,7 @@ token (``exec_slot_done``), so a run that lost its lease cannot mark anything.""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -17,34 +18,39 @@ log = logging.getLogger("tenure.exec")
 MAX_SLOT = 200
 
 
-def _not_recordable(role: str, schema: str, key: str, slot: str) -> Exception:
-    from ..errors import ConfigurationError
+@dataclass(frozen=True, slots=True)
+class SlotState:
+    """A slot as the database sees it: its name (computed by the database for --every), its
+    completion ``(token, completed_at)`` if it completed, and whether this role may mark it
+    done (``can_record``, with ``role`` to name it)."""
 
-    return ConfigurationError(
-        f"role {role!r} may not INSERT into {schema}.exec_slots, so slot {slot!r} of {key!r} "
-        "could never be marked done and would run again on every host; not running it. "
-        f"Grant the privilege (`tenure grants --role {role}` prints every statement tenure "
-        "needs; `tenure doctor` names what is missing)"
-    )
+    name: str
+    done: tuple[int, Any] | None
+    can_record: bool
+    role: str
+
+    def not_recordable(self, schema: str, key: str) -> str:
+        """Why a run of this slot must not start (see ``can_record``)."""
+        return (
+            f"role {self.role!r} may not INSERT into {schema}.exec_slots, so slot "
+            f"{self.name!r} of {key!r} could never be marked done and would run again on "
+            f"every host; not running it. Grant the privilege (`tenure grants --role "
+            f"{self.role}` prints every statement tenure needs; `tenure doctor` names what "
+            "is missing)"
+        )
 
 
-def slot_state(
-    client: Client, key: str, slot: str | None, every: int | None
-) -> tuple[str, tuple[int, Any] | None]:
-    """The slot (computed by the database for --every) and, if it completed, its
-    ``(token, completed_at)``. Raises :class:`~tenure.ConfigurationError` when it has not
-    completed and this role could not mark it done."""
+def slot_state(client: Client, key: str, slot: str | None, every: int | None) -> SlotState:
+    """The slot of this run and whether it already completed on some host, in one round
+    trip."""
     rows = client._fetch(
         "exec_slot_check",
         {"job_key": key, "slot": slot, "every": every, "schema": client.schema},
         doing=f"checking the schedule slot of {key!r}",
     )
     name, token, completed_at, can_record, role = rows[0]
-    if token is not None:
-        return name, (token, completed_at)
-    if not can_record:
-        raise _not_recordable(role, client.schema, key, name)
-    return name, None
+    done = None if token is None else (token, completed_at)
+    return SlotState(name, done, bool(can_record), role)
 
 
 def record_slot(client: Client, lease: Lease, slot: str, extra: dict[str, Any]) -> None:
