@@ -1,9 +1,10 @@
 #!/usr/bin/env python
 """Core benchmark: tenure's lease and fence operations against the same SQL via plain psycopg.
 
-For each operation (acquire, renew, results.put, fence, and acquire while another execution
-holds the lease) and for 1 and 4 connections, three sides run in the same process, in
-alternating rounds so that load from anything else on the machine hits them alike:
+For each operation (acquire, renew, results.put with and without strict=True, fence, and
+acquire while another execution holds the lease) and for 1 and 4 connections, three sides
+run in the same process, in alternating rounds so that load from anything else on the
+machine hits them alike:
 
 * ``raw``: the exact SQL text tenure sends (``tenure.db.queries.queries(schema)[name]``) with
   the parameters it sends (recorded from one library call at setup), executed through a
@@ -310,6 +311,31 @@ def tenure_put(env: Env, n: int, w: int) -> Op:
     return op
 
 
+def raw_put_strict(env: Env, n: int, w: int) -> Op:
+    key = f"strict-raw-{n}-{w}-{env.attempt}"
+    _, token = _hold_raw(env, w, key)
+    conn, q, sent = env.raw[w], env.q["result_put_strict"], env.sent["result_put_strict"]
+
+    def op() -> None:
+        params = {**sent, "job_key": key, "payload": Jsonb(PAYLOAD), "token": token}
+        row = conn.execute(q, params).fetchone()
+        if row is None or row[0] is None:
+            raise BenchError(f"raw result_put_strict of {key!r} refused")
+
+    return op
+
+
+def tenure_put_strict(env: Env, n: int, w: int) -> Op:
+    key = f"strict-tenure-{n}-{w}-{env.attempt}"
+    lease = _hold_tenure(env, n, key)
+    results = env.clients[n].results
+
+    def op() -> None:
+        results.put(key, PAYLOAD, token=lease.token, strict=True)
+
+    return op
+
+
 def seed_put(env: Env, n: int, w: int) -> Op:
     # The seed's store refuses a second write with the same token (`<`), so every write
     # brings a newer one; the seed's tables do not check that a token was issued.
@@ -386,6 +412,7 @@ CASES = (
     Case("acquire", {"raw": raw_acquire, "tenure": tenure_acquire, "seed": seed_acquire}),
     Case("renew", {"raw": raw_renew, "tenure": tenure_renew, "seed": seed_renew}),
     Case("results.put", {"raw": raw_put, "tenure": tenure_put, "seed": seed_put}),
+    Case("results.put strict", {"raw": raw_put_strict, "tenure": tenure_put_strict}),
     Case("fence", {"raw": raw_fence, "tenure": tenure_fence}),
     Case("acquire (busy)", {"raw": raw_busy, "tenure": tenure_busy, "seed": seed_busy}),
 )
@@ -446,6 +473,11 @@ def record_sent(env: Env) -> None:
     env.sent["renew"] = sent_with(env, "renew", lease.renew)
     env.sent["result_put"] = sent_with(
         env, "result_put", lambda: client.results.put(lease.job_key, PAYLOAD, token=lease.token)
+    )
+    env.sent["result_put_strict"] = sent_with(
+        env,
+        "result_put_strict",
+        lambda: client.results.put(lease.job_key, PAYLOAD, token=lease.token, strict=True),
     )
 
     def fence() -> None:

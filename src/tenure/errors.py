@@ -162,15 +162,22 @@ _SCHEMA_STATES = ("42P01", "3F000", "42703", "42883")
 _TIMEOUT_STATES = ("55P03", "57014", "25P03")
 
 
+UNKNOWN_OUTCOME = "; the write may or may not have committed (retrying with the same token is safe)"
+
+
 def translate(exc: psycopg.Error, doing: str, *, wrote: bool = False) -> TenureError:
-    """Map a psycopg error to a tenure error, by SQLSTATE."""
+    """Map a psycopg error to a tenure error, by SQLSTATE.
+
+    ``wrote``: the statement was a write that commits on its own (autocommit). Its outcome is
+    unknown only when the connection was lost while it ran (no SQLSTATE, or a FATAL/PANIC
+    one); a statement that got an ERROR back was rolled back.
+    """
     state = exc.sqlstate
     if isinstance(exc, psycopg.OperationalError) and state is None:
         reason = " ".join(str(exc).split())  # libpq's message spans lines: keep one
         return DatabaseUnavailable(
             f"{doing}: the connection to PostgreSQL failed ({reason}); check that the server is "
-            "running and reachable, and the DSN ($TENURE_DSN)"
-            + ("; the write may or may not have committed" if wrote else ""),
+            "running and reachable, and the DSN ($TENURE_DSN)" + (UNKNOWN_OUTCOME if wrote else ""),
             outcome_unknown=wrote,
         )
     if state is not None:
@@ -195,11 +202,12 @@ def translate(exc: psycopg.Error, doing: str, *, wrote: bool = False) -> TenureE
                 sqlstate=state,
             )
         if state.startswith(_UNAVAILABLE_CLASSES):
+            unknown = wrote and exc.diag.severity_nonlocalized in ("FATAL", "PANIC")
             return DatabaseUnavailable(
                 f"{doing}: the database is unavailable ({exc.diag.message_primary}, "
-                f"SQLSTATE {state}); retry when it is back",
+                f"SQLSTATE {state}); retry when it is back" + (UNKNOWN_OUTCOME if unknown else ""),
                 sqlstate=state,
-                outcome_unknown=wrote,
+                outcome_unknown=unknown,
             )
         if state in _SCHEMA_STATES:
             return SchemaNotReady(

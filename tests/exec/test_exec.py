@@ -24,6 +24,7 @@ import pytest
 import tenure
 from tests.support.env import run_tenure, tenure_env
 from tests.support.fix_proxy import Proxy
+from tests.support.roles import app_role
 
 PY = sys.executable
 # Generous: the machine is shared, and a `tenure exec` start costs a Python start-up.
@@ -189,6 +190,53 @@ def test_command_environment_and_exit_code(
     assert lease is not None and lease.token == 2
 
 
+def test_nested_exec_uses_its_own_key_not_the_outer_one(
+    env: dict[str, str], client: tenure.Client
+) -> None:
+    """The outer exec exports TENURE_JOB_KEY to its command; a nested `tenure exec --key
+    inner` must run under 'inner', not read the outer key as its own --key (and find it
+    busy). The nested command still sees its own key and token."""
+    inner = f"{PY} -m tenure exec --key inner -- sh -c 'echo $TENURE_JOB_KEY $TENURE_FENCING_TOKEN'"
+    result = run_tenure(["exec", "--key", "outer", "--", "sh", "-c", inner], env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["inner", "1"]
+    assert "busy" not in result.stderr
+    outer, nested = client.inspect("outer"), client.inspect("inner")
+    assert outer is not None and nested is not None and nested.token == 1
+
+
+def test_nested_exec_without_key_does_not_take_the_outer_key(
+    env: dict[str, str], client: tenure.Client
+) -> None:
+    """TENURE_JOB_KEY is what the outer exec tells its command, not an option of a nested
+    exec: one that was given no --key is a usage error (exit 2), not a silent 'outer is
+    busy' (exit 0) that never runs its command."""
+    inner = f"{PY} -m tenure exec -- echo hi"
+    result = run_tenure(["exec", "--key", "outer", "--", "sh", "-c", inner], env)
+    assert "busy" not in result.stderr
+    assert result.returncode == 2, result.stderr
+    assert "Missing option '--key'" in _one_line(result.stderr)
+    assert client.inspect("outer") is not None
+
+
+def test_exec_options_set_in_the_environment_do_not_reach_a_nested_exec(
+    env: dict[str, str], client: tenure.Client
+) -> None:
+    """Options given to the outer exec through their TENURE_EXEC_* twins are the outer
+    exec's: a nested exec does not inherit them (here --slot, which would make the nested
+    run find its slot... or share one it was never given)."""
+    dump = f"{PY} -c 'import json, os; print(json.dumps(dict(os.environ)))'"
+    nested = f'{PY} -m tenure exec --key inner -- sh -c "{dump}"'
+    outer_env = {**env, "TENURE_EXEC_KEY": "outer", "TENURE_EXEC_SLOT": "s1"}
+    result = run_tenure(["exec", "--", "sh", "-c", nested], outer_env)
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout)
+    assert seen["TENURE_JOB_KEY"] == "inner"
+    assert "TENURE_SLOT" not in seen  # the nested run had no --slot
+    assert not [name for name in seen if name.startswith("TENURE_EXEC_")]
+    assert client.inspect("outer") is not None
+
+
 def test_leftover_processes_in_the_group_are_killed(env: dict[str, str], tmp_path: Path) -> None:
     """The lease ends with the command: what it left running in its group does not outlive
     it (this fails if only the command itself is waited for)."""
@@ -259,6 +307,43 @@ def test_paused_holder_and_command_cannot_store_their_result(
     stored = client.results.get("job")
     assert stored is not None
     assert stored.token == token_a + 1 and stored.payload == {"by": "B"}
+
+
+def test_result_put_inside_exec_is_strict_once_a_successor_took_over(
+    env: dict[str, str],
+    client: tenure.Client,
+    tmp_path: Path,
+    reap: list[subprocess.Popen[str]],
+) -> None:
+    """Inside `tenure exec`, `tenure result put` (token from $TENURE_FENCING_TOKEN) applies
+    fence()'s rule: once a successor has taken over, the write is refused even though the
+    successor has not written anything. `--no-strict` is the seed's rule, which accepts it
+    (the documented difference)."""
+    d = tmp_path
+    script = (
+        f"touch {d}/started; while [ ! -e {d}/go ]; do sleep 0.05; done; "
+        f"""echo '{{"by": "old"}}' | {PY} -m tenure result put > {d}/strict 2>&1; """
+        f"echo $? > {d}/strict_rc; "
+        f"""echo '{{"by": "old"}}' | {PY} -m tenure result put --no-strict > {d}/seed 2>&1; """
+        f"echo $? > {d}/seed_rc"
+    )
+    # A long TTL: the exec's next renewal (which would notice the takeover) is minutes away.
+    proc = _exec(["--key", "job", "--ttl", "300s", "--", "sh", "-c", script], env)
+    reap.append(proc)
+    _wait_for((d / "started").exists, "the command")
+    assert client.release("job") == 1  # an operator expires the lease...
+    successor = client.acquire("job", ttl=60)  # ...and a successor takes over, writing nothing
+    assert successor is not None and successor.token == 2
+    (d / "go").touch()
+    _wait_for((d / "seed_rc").exists, "the command's writes")
+    assert (d / "strict_rc").read_text().strip() == "1", (d / "strict").read_text()
+    assert "stale fencing token" in (d / "strict").read_text()
+    assert "token 1 rejected" in (d / "strict").read_text()
+    assert (d / "seed_rc").read_text().strip() == "0", (d / "seed").read_text()
+    stored = client.results.get("job")
+    assert stored is not None and stored.token == 1  # accepted only under the seed's rule
+    code, _, err = _finish(proc)
+    assert code == 0, err  # the command's own code: exec noticed nothing (no renewal yet)
 
 
 # -- lease lost while the command runs ----------------------------------------------------------
@@ -512,7 +597,8 @@ def test_success_after_losing_the_lease_does_not_mark_the_slot_done(
 ) -> None:
     """The lease is taken over and the command exits 0 before `tenure exec` notices (its
     next renewal is seconds away): the slot's completion is written in a transaction fenced
-    by the old token, which fails, so the slot is not done and runs again."""
+    by the old token, which fails, so the slot is not done and runs again. Not a silent
+    success: exit 75 (the lease was lost), with one line saying so."""
     started, go = tmp_path / "started", tmp_path / "go"
     script = f"touch {started}; while [ ! -e {go} ]; do sleep 0.05; done"
     args = ["--key", "job", "--slot", "s1", "--ttl", "60s"]
@@ -524,12 +610,57 @@ def test_success_after_losing_the_lease_does_not_mark_the_slot_done(
     assert successor is not None
     go.touch()
     code, _, err = _finish(proc)
-    assert code == 0, err
-    assert "lost" in err and "marked done" in err and "may run again" in err
+    assert code == 75, err
+    line = _one_line(err)
+    assert "lost" in line and "marked done" in line and "may run again" in line
     successor.release()
     again = run_tenure(["exec", *args, "--", "sh", "-c", "echo $TENURE_FENCING_TOKEN"], env)
     assert again.returncode == 0, again.stderr
     assert again.stdout.strip() == "3"
+
+
+def test_slot_that_cannot_be_recorded_is_an_error_not_a_second_run(
+    env: dict[str, str], client: tenure.Client, dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """The role may not write exec_slots (INSERT and UPDATE revoked): a slot it runs could
+    never be marked done, so every host would run it again. That is an error (exit 1, one
+    line naming the missing privilege), and the command does not run at all."""
+    log = tmp_path / "log"
+    revoke = ("REVOKE INSERT, UPDATE ON {schema}.exec_slots FROM {role}",)
+    with app_role(dsn, schema, revoke=revoke, minimal=False) as role:
+        run = ["exec", "--key", "job", "--every", "1m", "--", "sh", "-c", f"echo ran >> {log}"]
+        first = run_tenure(run, tenure_env(role, schema))
+        second = run_tenure(run, tenure_env(role, schema))
+    assert (first.returncode, second.returncode) == (1, 1), first.stderr + second.stderr
+    line = _one_line(first.stderr)
+    assert "exec_slots" in line and "INSERT" in line and "tenure grants" in line
+    assert not log.exists(), "the command ran although its slot could not be recorded"
+
+
+def test_slot_write_refused_after_the_command_succeeded_is_an_error(
+    env: dict[str, str], client: tenure.Client, dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """The privilege disappears while the command runs (an operator's REVOKE): the command
+    succeeded but its slot cannot be marked done: exit 1, one line saying the slot may run
+    again, and the run's outcome in the metrics is slot_unrecorded, not succeeded."""
+    prom = tmp_path / "job.prom"
+    with app_role(dsn, schema, minimal=False) as role:
+        rolename = psycopg.conninfo.conninfo_to_dict(role)["user"]
+        revoke = (
+            f"import psycopg; psycopg.connect({dsn!r}, autocommit=True).execute("
+            f'\'REVOKE INSERT ON "{schema}".exec_slots FROM "{rolename}"\')'
+        )
+        run = [
+            "exec", "--key", "job", "--slot", "s1", "--metrics-textfile", str(prom),
+            "--", PY, "-c", revoke,
+        ]  # fmt: skip
+        result = run_tenure(run, tenure_env(role, schema))
+    assert result.returncode == 1, result.stderr
+    line = _one_line(result.stderr)
+    assert "'s1'" in line and "not marked done" in line and "may run again" in line
+    assert 'tenure_exec_last_run_outcome{job="job",outcome="slot_unrecorded"} 1' in (
+        prom.read_text()
+    )
 
 
 def test_every_slot_is_the_database_clock_rounded_to_the_period(
@@ -634,6 +765,7 @@ def test_help_lists_exit_codes_and_environment_twins(env: dict[str, str]) -> Non
         "TENURE_EXEC_EVERY",
         "TENURE_EXEC_WAIT",
         "TENURE_EXEC_BUSY_EXIT",
+        "TENURE_EXEC_KEY",
         "TENURE_JOB_KEY",
         "TENURE_FENCING_TOKEN",
         "TENURE_LEASE_OWNER",

@@ -4,9 +4,12 @@ holder whose connection is killed recovers within its lease."""
 
 from __future__ import annotations
 
+import asyncio
+import select
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -94,3 +97,166 @@ def test_unknown_commit_outcome_is_not_success(dsn: str, schema: str, proxy: Pro
         proxy.heal()
         stored = through_proxy.results.put("job", {"attempt": 2}, token=lease.token)
         assert stored.token == lease.token
+
+
+# -- a pooled connection that died while idle: nothing was sent ---------------------------------
+
+
+def _fill_pool(client: tenure.Client, n: int) -> list[psycopg.Connection[Any]]:
+    """Make the pool hold ``n`` idle connections (take ``n`` at once, give them back)."""
+    taken = [client._pool.getconn() for _ in range(n)]
+    for conn in taken:
+        conn.execute("SELECT 1")
+        client._pool.putconn(conn)
+    return taken
+
+
+def _reset_seen(conns: list[psycopg.Connection[Any]]) -> bool:
+    """True once this host's kernel has received the resets (a loaded machine may deliver
+    them a moment after the proxy sent them): each socket is readable."""
+    return all(select.select([c.pgconn.socket], [], [], 0)[0] for c in conns)
+
+
+def _wait(check: object, what: str) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if check():  # type: ignore[operator]
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_idle_connections_reset_by_a_proxy_are_replaced_before_a_write(
+    dsn: str, schema: str, proxy: Proxy
+) -> None:
+    """A proxy (PgBouncer, a cloud load balancer) resets the pool's idle connections. The
+    next acquire and result write were never sent on them: they succeed on fresh
+    connections instead of failing with 'may or may not have committed'."""
+    with (
+        tenure.connect(dsn, schema=schema, migrate=True) as direct,
+        tenure.connect(proxy.dsn(dsn), schema=schema, pool_size=3) as client,
+    ):
+        idle = _fill_pool(client, 3)
+        proxy.cut()
+        _wait(lambda: _reset_seen(idle), "the resets to arrive")
+        lease = client.acquire("job", ttl=30)
+        assert lease is not None and lease.token == 1
+        idle = _fill_pool(client, 3)
+        proxy.cut()
+        _wait(lambda: _reset_seen(idle), "the resets to arrive")
+        stored = client.results.put("job", {"ok": True}, token=lease.token, strict=True)
+        assert stored.token == lease.token
+        assert direct.results.get("job") is not None
+
+
+def test_idle_backends_terminated_next_calls_succeed(dsn: str, schema: str) -> None:
+    """pg_terminate_backend on the pool's idle backends (a server restart does the same):
+    the next acquire and renewal run on fresh connections."""
+    name = f"tenure-test-idle-{schema}"
+    with tenure.connect(dsn, schema=schema, migrate=True, application_name=name) as client:
+        lease = client.acquire("job", ttl=30)
+        assert lease is not None
+        _fill_pool(client, 3)
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            pids = [
+                row[0]
+                for row in admin.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (name,)
+                )
+            ]
+            assert len(pids) == 3
+            admin.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", (pids,))
+            _wait(
+                lambda: (
+                    not admin.execute(
+                        "SELECT 1 FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,)
+                    ).fetchone()
+                ),
+                "the backends to exit",
+            )
+        lease.renew()
+        assert client.acquire("other", ttl=30) is not None
+        client.results.put("job", 1, token=lease.token)
+
+
+def test_unreachable_after_idle_reset_is_unavailable_not_unknown(
+    dsn: str, schema: str, proxy: Proxy
+) -> None:
+    """The pool's connections were reset while idle and the server cannot be reached: the
+    write was never sent, so the error does not say it may have committed."""
+    with (
+        tenure.connect(dsn, schema=schema, migrate=True),
+        tenure.connect(proxy.dsn(dsn), schema=schema) as client,
+    ):
+        idle = _fill_pool(client, 2)
+        proxy.stop()
+        _wait(lambda: _reset_seen(idle), "the resets to arrive")
+        with pytest.raises(tenure.DatabaseUnavailable) as err:
+            client.acquire("job", ttl=30)
+        assert not err.value.outcome_unknown
+        assert "may or may not have committed" not in str(err.value)
+
+
+def test_renewal_cut_mid_statement_is_an_unknown_outcome(dsn: str, schema: str) -> None:
+    """A renewal whose backend is terminated while the statement runs (here: while it
+    waits for a row lock) may or may not have committed: it is reported as unknown."""
+    name = f"tenure-test-renew-{schema}"
+    with (
+        tenure.connect(dsn, schema=schema, migrate=True, application_name=name) as client,
+        psycopg.connect(dsn, autocommit=True) as admin,
+        psycopg.connect(dsn) as blocker,
+    ):
+        lease = client.acquire("job", ttl=60)  # renew's lock wait is bounded by ttl/3
+        assert lease is not None
+        blocker.execute(
+            psycopg.sql.SQL("SELECT 1 FROM {}.job_leases FOR UPDATE").format(
+                psycopg.sql.Identifier(schema)
+            )
+        )
+        errors: list[BaseException] = []
+
+        def renew() -> None:
+            try:
+                lease.renew()
+            except BaseException as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=renew, daemon=True)
+        thread.start()
+        waiting = (
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s "
+            "AND wait_event_type = 'Lock'"
+        )
+        _wait(lambda: admin.execute(waiting, (name,)).fetchone(), "the renewal to wait")
+        row = admin.execute(waiting, (name,)).fetchone()
+        assert row is not None
+        admin.execute("SELECT pg_terminate_backend(%s)", (row[0],))
+        thread.join(30)
+        blocker.rollback()
+        [err] = errors
+        assert isinstance(err, tenure.DatabaseUnavailable), err
+        assert err.outcome_unknown
+        assert "may or may not have committed" in str(err)
+
+
+def test_async_client_replaces_idle_connections_reset_by_a_proxy(
+    dsn: str, schema: str, proxy: Proxy
+) -> None:
+    """The same with the asyncio client (its pool is another class)."""
+
+    async def scenario() -> int:
+        async with await tenure.connect_async(proxy.dsn(dsn), schema=schema, pool_size=3) as c:
+            taken = [await c._pool.getconn() for _ in range(3)]
+            for conn in taken:
+                await conn.execute("SELECT 1")
+                await c._pool.putconn(conn)
+            proxy.cut()
+            _wait(lambda: _reset_seen(taken), "the resets to arrive")  # type: ignore[arg-type]
+            lease = await c.acquire("job", ttl=30)
+            assert lease is not None
+            await c.results.put("job", 1, token=lease.token, strict=True)
+            return lease.token
+
+    with tenure.connect(dsn, schema=schema, migrate=True):
+        pass
+    assert asyncio.run(scenario()) == 1

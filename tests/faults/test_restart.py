@@ -71,9 +71,10 @@ def _records(caplog: pytest.LogCaptureFixture, name: str) -> list[logging.LogRec
 def test_holder_renews_after_a_restart_within_its_lease(
     own: tenure.Client, server: PgServer, mode: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A restart shorter than the lease: the renewal that hits the dead connection fails,
-    the retry reconnects (a new pooled connection) and renews; the lease is never lost, the
-    token stays, and the failure is logged (once or a few times, not per statement)."""
+    """A restart shorter than the lease: the pool finds its connection dead before the next
+    renewal is sent on it and renews on a new one (a renewal sent while the server is still
+    down fails and is retried); the lease is never lost, the token stays, and failures are
+    logged a few times at most, not per statement."""
     caplog.set_level(logging.INFO)
     ttl = 4.0
     with own.lease("job", ttl=ttl) as lease:
@@ -89,11 +90,14 @@ def test_holder_renews_after_a_restart_within_its_lease(
         renew_failures = [
             r for r in _records(caplog, "tenure.lease") if "renewing lease" in r.getMessage()
         ]
-        assert 1 <= len(renew_failures) <= 5, [r.getMessage() for r in renew_failures]
+        assert len(renew_failures) <= 5, [r.getMessage() for r in renew_failures]
         assert all(r.levelno == logging.WARNING for r in renew_failures)
-        assert getattr(renew_failures[0], "token", None) == lease.token
-        pool_logs = [r.getMessage() for r in _records(caplog, "psycopg.pool")]
-        assert any("discarding" in m or "broken" in m for m in pool_logs), pool_logs
+        assert all(getattr(r, "token", None) == lease.token for r in renew_failures)
+        replaced = [
+            r.getMessage()
+            for r in _records(caplog, "tenure.client") + _records(caplog, "psycopg.pool")
+        ]
+        assert any("while idle" in m or "broken" in m for m in replaced), replaced
         assert time.monotonic() - restarted_at < ttl * 2
 
 
@@ -235,10 +239,10 @@ def test_fenced_transaction_open_across_a_restart_does_not_commit(
 def test_pool_reconnects_after_a_restart(
     server: PgServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """After a restart, tenure's pool still holds the dead idle connections. The first call
-    fails with DatabaseUnavailable (retryable, never another error); that failure makes the
-    client check its idle connections, which discards every dead one at once (each with a
-    logged warning), so the next calls get fresh connections: one failure, not pool_size."""
+    """After a restart, tenure's pool still holds the dead idle connections. Before handing
+    one out, the pool sees that the server closed it (without a round trip), discards it,
+    checks the other idle ones (discarding every dead one at once, each with a logged
+    warning) and hands out a fresh one: the first call succeeds, and so do the next."""
     caplog.set_level(logging.WARNING)
     pool_size = 4
     schema = f"t_{time.monotonic_ns() % 10**12}"
@@ -256,9 +260,9 @@ def test_pool_reconnects_after_a_restart(
         server.restart("fast")
         info, failed = _retry_unavailable(lambda: c.inspect("job"), attempts=pool_size + 1)
         assert info is None
-        assert failed == 1
+        assert failed == 0
         for _ in range(pool_size * 2):  # every connection handed out now is a fresh one
             assert c.inspect("job") is None
     server.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
     discarded = [r for r in _records(caplog, "psycopg.pool") if "discarding" in r.getMessage()]
-    assert failed <= len(discarded) <= pool_size
+    assert len(discarded) <= pool_size

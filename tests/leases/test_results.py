@@ -109,3 +109,90 @@ def test_stale_result_emits_metric_event(client: tenure.Client) -> None:
     finally:
         unsubscribe()
     assert tenure.metrics.Event("stale_token_rejection", "job", "result") in events
+
+
+# -- strict=True: the rule fence() applies -------------------------------------------------------
+
+
+def _expire(client: tenure.Client, job_key: str) -> None:
+    """Wait until ``job_key``'s lease has expired by the database clock (no timed guess)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        info = client.inspect(job_key)
+        if info is not None and not info.held:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"lease {job_key!r} did not expire")
+
+
+def test_expired_holder_after_takeover_strict_refused_seed_rule_accepted(
+    client: tenure.Client,
+) -> None:
+    """The documented difference: a holder whose lease expired (tiny TTL, no renewal) writes
+    after a successor took over but before the successor wrote anything. The seed's rule
+    (last accepted token wins) accepts it; strict=True refuses it, as fence() would."""
+    old = client.acquire("job", ttl=0.05)
+    assert old is not None
+    _expire(client, "job")
+    new = client.acquire("job", ttl=60)
+    assert new is not None and new.token == old.token + 1
+    with pytest.raises(tenure.StaleTokenError) as err:
+        client.results.put("job", {"by": "old"}, token=old.token, strict=True)
+    assert (err.value.token, err.value.current_token) == (old.token, new.token)
+    assert client.results.get("job") is None  # nothing was written
+    late = client.results.put("job", {"by": "old"}, token=old.token)  # the seed's rule
+    assert late.token == old.token
+    stored = client.results.put("job", {"by": "new"}, token=new.token, strict=True)
+    assert stored.token == new.token
+
+
+def test_strict_put_refused_once_the_lease_expired_even_without_successor(
+    client: tenure.Client,
+) -> None:
+    lease = client.acquire("job", ttl=0.05)
+    assert lease is not None
+    _expire(client, "job")
+    with pytest.raises(tenure.StaleTokenError, match="expired"):
+        client.results.put("job", 1, token=lease.token, strict=True)
+    assert client.results.get("job") is None
+
+
+def test_strict_put_by_the_live_holder_and_its_retry(client: tenure.Client) -> None:
+    lease = client.acquire("job", ttl=60)
+    assert lease is not None
+    first = client.results.put("job", {"try": 1}, token=lease.token, strict=True)
+    again = client.results.put("job", {"try": 2}, token=lease.token, strict=True)
+    assert first.token == again.token == lease.token
+    stored = client.results.get("job")
+    assert stored is not None and stored.payload == {"try": 2}
+    with pytest.raises(tenure.TokenNotIssued):
+        client.results.put("job", 1, token=lease.token + 1, strict=True)
+
+
+def test_strict_put_in_callers_transaction_holds_off_the_takeover(
+    client: tenure.Client, conn: psycopg.Connection[Any], schema: str
+) -> None:
+    """On the caller's connection, a strict put locks the fence row until the caller's
+    transaction ends (like fence()): rolled back with it, and a successor cannot take over
+    meanwhile, even once the lease has expired."""
+    lease = client.acquire("job", ttl=2)
+    assert lease is not None
+    with pytest.raises(RuntimeError), conn.transaction():
+        client.results.put("job", "rolled back", token=lease.token, conn=conn, strict=True)
+        raise RuntimeError("fail after writing")
+    assert client.results.get("job") is None
+    expired = psycopg.sql.SQL(
+        "SELECT lease_until < clock_timestamp() FROM {}.job_leases WHERE job_key = 'job'"
+    ).format(psycopg.sql.Identifier(schema))
+    with conn.transaction():
+        client.results.put("job", "kept", token=lease.token, conn=conn, strict=True)
+        # Wait for the expiry on this connection: the strict put set the transaction's idle
+        # timeout to the TTL, and a transaction idle that long would be ended by the server.
+        while not conn.execute(expired).fetchone()[0]:  # type: ignore[index]
+            time.sleep(0.01)
+        # The takeover waits for this transaction's row lock (its lock_timeout: 0.3 s).
+        assert client.acquire("job", ttl=0.3) is None
+    successor = client.acquire("job", ttl=60)
+    assert successor is not None and successor.token == lease.token + 1
+    stored = client.results.get("job")
+    assert stored is not None and stored.payload == "kept"

@@ -12,12 +12,14 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import pytest
 
 import tenure
 from tenure.db import migrations
 from tests.support.env import run_tenure, tenure_env
 from tests.support.fix_proxy import Proxy
+from tests.support.roles import app_role
 
 FAKETIME = shutil.which("faketime")
 
@@ -53,7 +55,9 @@ def test_a_healthy_setup_passes_every_check(dsn: str, migrated: str) -> None:
     code, report = doctor(tenure_env(dsn, migrated))
     found = checks(report)
     assert code == 0 and report["ok"] is True
-    assert list(found) == ["dsn", "connect", "server", "schema", "clock", "timeouts", "pooler"]
+    assert list(found) == [
+        "dsn", "connect", "server", "schema", "privileges", "clock", "timeouts", "pooler",
+    ]  # fmt: skip
     assert {c["status"] for c in found.values()} == {"ok"}, found
     assert found["dsn"]["details"]["source"] == "$TENURE_DSN"
     assert found["schema"]["details"]["applied"] == str(migrations.latest())
@@ -62,7 +66,7 @@ def test_a_healthy_setup_passes_every_check(dsn: str, migrated: str) -> None:
     # The text form says the same, one check per line first.
     text = run_tenure(["doctor"], tenure_env(dsn, migrated))
     assert text.returncode == 0
-    assert [line.split()[:2] for line in text.stdout.splitlines() if line[:1].strip()][:7] == [
+    assert [line.split()[:2] for line in text.stdout.splitlines() if line[:1].strip()][:8] == [
         ["ok", name] for name in found
     ]
 
@@ -88,7 +92,9 @@ def test_an_unreachable_database_fails_without_leaking_the_password(schema: str)
     assert found["dsn"]["status"] == "ok"
     assert found["dsn"]["details"]["password"] == "in the DSN (not shown)"
     assert found["connect"]["status"] == "fail" and "127.0.0.1:1" in found["connect"]["summary"]
-    assert all(found[n]["status"] == "skip" for n in ("server", "schema", "clock", "pooler"))
+    assert all(
+        found[n]["status"] == "skip" for n in ("server", "schema", "privileges", "clock", "pooler")
+    )
 
 
 def test_an_unmigrated_schema_fails_with_the_fix(dsn: str, schema: str) -> None:
@@ -96,6 +102,35 @@ def test_an_unmigrated_schema_fails_with_the_fix(dsn: str, schema: str) -> None:
     schema_check = checks(report)["schema"]
     assert code == 1 and schema_check["status"] == "fail"
     assert "tenure migrate" in schema_check["advice"]
+
+
+def test_a_role_lacking_a_privilege_fails_and_names_it(dsn: str, migrated: str) -> None:
+    """The reproduction: INSERT and UPDATE revoked on exec_slots, and doctor said "no
+    failures". It now names each missing privilege, what needs it, and the fix."""
+    revoke = ("REVOKE INSERT, UPDATE ON {schema}.exec_slots FROM {role}",)
+    with app_role(dsn, migrated, revoke=revoke, minimal=False) as role:
+        role_name = psycopg.conninfo.conninfo_to_dict(role)["user"]
+        code, report = doctor(tenure_env(role, migrated))
+        text = run_tenure(["doctor"], tenure_env(role, migrated))
+    found = checks(report)
+    assert code == 1 and report["ok"] is False
+    privileges = found["privileges"]
+    assert privileges["status"] == "fail", privileges
+    assert f"INSERT on {migrated}.exec_slots" in privileges["summary"]
+    assert role_name in privileges["summary"]
+    assert "exec --slot/--every" in privileges["details"][f"{migrated}.exec_slots"]
+    assert f"tenure grants --role {role_name}" in privileges["advice"]
+    assert text.returncode == 1 and "no failures" not in text.stdout
+    assert "FAIL privileges" in " ".join(text.stdout.split())
+    # Only what is used: UPDATE on exec_slots is not needed, so it is not reported.
+    assert "UPDATE on" not in privileges["summary"]
+
+
+def test_a_role_with_exactly_the_printed_grants_passes(dsn: str, migrated: str) -> None:
+    with app_role(dsn, migrated) as role:
+        code, report = doctor(tenure_env(role, migrated))
+    privileges = checks(report)["privileges"]
+    assert code == 0 and privileges["status"] == "ok", privileges
 
 
 @pytest.mark.skipif(

@@ -334,9 +334,10 @@ def test_a_stale_rejection_provoked_with_sigstop_is_counted(scenario: Scenario) 
     successor = scenario.final[scenario.successor]
     job = {"job": "obs-slow"}
     assert value(scenario.baseline[scenario.stalled], "tenure_stale_token_rejections_total") == 0
-    # The frozen holder's result write went through ctx.results.put: its fence refused it.
-    assert value(stalled, "tenure_stale_token_rejections_total", site="fence", **job) == 1
-    assert value(stalled, "tenure_stale_token_rejections_total", site="result", **job) == 0
+    # The frozen holder's result write went through ctx.results.put, a strict result write
+    # (fence()'s rule in the result statement): refused, and counted as a result write.
+    assert value(stalled, "tenure_stale_token_rejections_total", site="result", **job) == 1
+    assert value(stalled, "tenure_stale_token_rejections_total", site="fence", **job) == 0
     assert value(stalled, "tenure_job_runs_total", outcome="stale_rejected", **job) == 1
     assert value(stalled, "tenure_lease_lost_total", **job) == 1
     # Counted out once (lost), not once more at the end of its run.

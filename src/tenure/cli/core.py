@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import click
+from click.core import ParameterSource
 
 from .common import CONTEXT, EXIT_ERROR, connect, db_options, handle_errors, setup_logs
+
+#: Set by `tenure exec` in its command's environment (with the token): the lease is held.
+EXEC_MARK = "TENURE_LEASE_OWNER"
 
 
 @click.command(context_settings=CONTEXT)
@@ -99,16 +104,39 @@ def result() -> None:
     show_envvar=True,
     help="Fencing token of this execution.",
 )
+@click.option(
+    "--strict/--no-strict",
+    default=None,
+    envvar="TENURE_RESULT_STRICT",
+    show_envvar=True,
+    help="--strict: accept the write only while TOKEN is the newest takeover and its lease "
+    "is unexpired (the rule of a fenced transaction). --no-strict: the seed's rule, the last "
+    "accepted token wins (a late write is refused only once a newer token has written). "
+    "[default: strict inside `tenure exec` when the token comes from its "
+    "$TENURE_FENCING_TOKEN, else --no-strict]",
+)
 @handle_errors
 def result_put(
-    dsn: str | None, schema: str, log_level: str, log_format: str, key: str, token: int
+    dsn: str | None,
+    schema: str,
+    log_level: str,
+    log_format: str,
+    key: str,
+    token: int,
+    strict: bool | None,
 ) -> None:
     """Store the JSON document on stdin as KEY's result, if TOKEN is not stale.
 
-    Exits 1 with a message naming both tokens when a newer token was accepted.
+    Exits 1 with a message naming both tokens when the write is refused.
     """
     setup_logs(log_level, log_format)
     from ..errors import InvalidArgument
+
+    if strict is None:
+        # tenure exec holds the lease while its command runs: a write with the token it
+        # handed over must not land once that lease is gone.
+        source = click.get_current_context().get_parameter_source("token")
+        strict = source is ParameterSource.ENVIRONMENT and bool(os.environ.get(EXEC_MARK))
 
     text = sys.stdin.read()
     try:
@@ -116,7 +144,7 @@ def result_put(
     except json.JSONDecodeError as exc:
         raise InvalidArgument(f"stdin is not a JSON document: {exc}") from None
     with connect(dsn, schema) as client:
-        stored = client.results.put(key, payload, token=token)
+        stored = client.results.put(key, payload, token=token, strict=strict)
     click.echo(f"{key}: stored with token {stored.token}")
 
 

@@ -19,19 +19,25 @@ Exit codes:
   0    the command exited 0; or the lease is busy (see --busy-exit); or the slot
        (--slot/--every) already completed on some host
   N    the command's own exit code; 128+N if it died of signal N (like a shell)
-  1    tenure error: database unreachable, schema not migrated, ... (command not run)
+  1    tenure error: database unreachable, schema not migrated, a slot this role may
+       not mark done, ... (command not run); or the command exited 0 but its slot
+       could not be marked done (it may run again)
   2    bad usage: missing --, unknown option, bad duration
   {EXIT_LEASE_LOST}   the lease was lost while the command ran (renewal refused, or the
-       database unreachable until the local deadline); the command was stopped
+       database unreachable until the local deadline); the command was stopped, or,
+       if it had already exited 0, its slot was not marked done
   126  the command was found but is not executable
   127  the command was not found
 
 \b
 The command's environment also has:
   TENURE_JOB_KEY, TENURE_FENCING_TOKEN   what `tenure result put` reads by default
+                                         (strict inside exec: see `result put --help`)
   TENURE_LEASE_OWNER                     this execution's owner UUID
   TENURE_DSN, TENURE_SCHEMA              where the lease lives (resolved DSN)
   TENURE_SLOT                            the slot, with --slot/--every
+and not this exec's own TENURE_EXEC_* settings: a nested `tenure exec` takes only
+the options it is given (TENURE_JOB_KEY is not --key's twin: TENURE_EXEC_KEY is).
 
 \b
 Examples:
@@ -150,7 +156,7 @@ def _check_key(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @click.option(
     "--key",
     required=True,
-    envvar="TENURE_JOB_KEY",
+    envvar="TENURE_EXEC_KEY",
     show_envvar=True,
     callback=_check_key,
     help="Job key: one lease (and token sequence) per key.",

@@ -13,6 +13,7 @@ import click
 from . import core, observability
 from .common import CONTEXT
 from .exec import exec_command
+from .grants import grants
 from .outbox import outbox, relay
 from .scheduler import jobs, worker
 from .verify import verify_command
@@ -31,6 +32,7 @@ def cli() -> None:
     Start here:
       tenure demo                      the seed scenario, live (embedded PostgreSQL if no DSN)
       tenure migrate                   create or upgrade tenure's tables
+      tenure grants --role app         the GRANTs an application role needs (least privilege)
       tenure exec --key K -- CMD       run a command under a fenced lease (cron, k8s, systemd)
       tenure worker myapp:app          run a tenure.Scheduler's cron jobs, once per slot
       tenure relay --webhook T=URL     deliver outbox messages, at least once
@@ -43,6 +45,7 @@ def cli() -> None:
 for command in (
     core.demo,
     core.migrate,
+    grants,
     observability.status,
     core.release,
     core.result,

@@ -13,10 +13,11 @@ Exit codes (also in ``tenure exec --help``):
 * 0: the command exited 0; or the lease is busy (``--busy-exit`` changes that); or the
   ``--slot``/``--every`` slot already completed on some host.
 * N: the command's own exit code; 128+N when it died of signal N (like a shell).
-* 1: tenure could not do its part (database unreachable, schema not migrated, ...).
+* 1: tenure could not do its part (database unreachable, schema not migrated, ...); or the
+  command succeeded but its ``--slot``/``--every`` slot could not be marked done.
 * 2: bad usage (missing ``--``, unknown option, bad duration).
 * 75 (:data:`EXIT_LEASE_LOST`, EX_TEMPFAIL): the lease was lost while the command ran and
-  the command was stopped.
+  the command was stopped (or, when it had exited 0, its slot was not marked done).
 * 126: the command was found but could not be executed; 127: it was not found.
 
 The command line is :mod:`tenure.cli.exec`; this module runs one request. The command's
@@ -50,6 +51,11 @@ EXIT_USAGE = 2
 EXIT_LEASE_LOST = 75  # EX_TEMPFAIL from sysexits.h: "try again later"
 EXIT_NOT_EXECUTABLE = 126  # the shell's codes for a command it cannot run
 EXIT_NOT_FOUND = 127
+
+#: The outcome (metrics, textfile) of a run whose slot could not be marked done.
+SLOT_UNRECORDED = "slot_unrecorded"
+#: Prefix of ``tenure exec``'s option twins, kept out of the command's environment.
+ENV_PREFIX = "TENURE_EXEC_"
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +146,12 @@ def _run_connected(client: Client, conninfo: str, req: ExecRequest, child: Super
             metrics.emit(metrics.JOB, req.key, "already_done")
             _already_done(req, state)
             return EXIT_OK
+        if not state.can_record:
+            # It could never be marked done: every host would run it again. Refuse it
+            # before anything runs.
+            metrics.emit(metrics.JOB, req.key, SLOT_UNRECORDED)
+            say(f"error: {state.not_recordable(client.schema, req.key)}")
+            return EXIT_ERROR
     started = time.monotonic()
     try:
         with client.lease(req.key, ttl=req.ttl, wait=req.wait) as lease:
@@ -170,7 +182,9 @@ def _run_leased(
         if state.done:
             _already_done(req, state)
             return EXIT_OK, "already_done"
-    env = dict(os.environ)
+    # This exec's own settings (its options' TENURE_EXEC_* twins) stay here: a nested
+    # `tenure exec` in the command must take only the options it is given.
+    env = {name: value for name, value in os.environ.items() if not name.startswith(ENV_PREFIX)}
     env.update(
         TENURE_JOB_KEY=req.key,
         TENURE_FENCING_TOKEN=str(lease.token),
@@ -180,6 +194,8 @@ def _run_leased(
     )
     if slot is not None:
         env["TENURE_SLOT"] = slot
+    else:  # not an outer exec's slot either
+        env.pop("TENURE_SLOT", None)
     child.token = lease.token
     lease.on_lost(child.lease_lost)
     try:
@@ -209,25 +225,33 @@ def _run_leased(
     if code != 0:
         return code, "failed"
     if slot is not None:
-        _record_slot(client, lease, slot, extra)
+        return _record(client, lease, slot, extra)
     return code, "succeeded"
 
 
-def _record_slot(client: Client, lease: Lease, slot: str, extra: dict[str, Any]) -> None:
-    """Mark the slot done; the command already succeeded, so a failure here is a warning."""
-    from ..errors import StaleTokenError, TenureError
+def _record(client: Client, lease: Lease, slot: str, extra: dict[str, Any]) -> tuple[int, str]:
+    """Mark the slot done after the command succeeded. A slot that cannot be marked will run
+    again: never a silent success."""
+    from ..errors import DatabaseUnavailable, StaleTokenError, TenureError
 
     try:
-        record_slot(client, lease, slot)
+        record_slot(client, lease, slot, extra)
     except StaleTokenError:
         say(
-            f"warning: the command succeeded but lease {lease.job_key!r} token {lease.token} "
-            f"was lost before slot {slot!r} could be marked done; the slot may run again"
+            f"lease {lease.job_key!r} token {lease.token} was lost before slot {slot!r} could "
+            "be marked done (the command succeeded); the slot may run again"
         )
+        return EXIT_LEASE_LOST, "lease_lost"
     except TenureError as exc:
-        say(f"warning: the command succeeded but slot {slot!r} was not marked done: {exc}")
-    else:
-        log.info("slot %r marked done", slot, extra=extra)
+        # A lost commit acknowledgement leaves it unknown; anything else was rolled back.
+        unknown = isinstance(exc, DatabaseUnavailable) and exc.outcome_unknown
+        say(
+            f"error: the command succeeded but slot {slot!r} "
+            f"{'may not have been' if unknown else 'was not'} marked done, so it may run "
+            f"again: {exc}"
+        )
+        return EXIT_ERROR, SLOT_UNRECORDED
+    return EXIT_OK, "succeeded"
 
 
 def _busy_line(busy: LeaseBusy, req: ExecRequest) -> str:

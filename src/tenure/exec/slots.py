@@ -31,15 +31,29 @@ MAX_SLOT = 200
 
 @dataclass(frozen=True, slots=True)
 class SlotState:
-    """A slot and, if some run completed it, which token did and when (database clock)."""
+    """A slot as the database sees it: its name (computed by the database for --every), which
+    token completed it and when (database clock) if some run did, and whether this role may
+    mark it done (``can_record``, with ``role`` to name it)."""
 
     slot: str
     done_token: int | None
     done_at: dt.datetime | None
+    can_record: bool
+    role: str
 
     @property
     def done(self) -> bool:
         return self.done_token is not None
+
+    def not_recordable(self, schema: str, key: str) -> str:
+        """Why a run of this slot must not start (see ``can_record``)."""
+        return (
+            f"role {self.role!r} may not INSERT into {schema}.exec_slots, so slot "
+            f"{self.slot!r} of {key!r} could never be marked done and would run again on "
+            f"every host; not running it. Grant the privilege (`tenure grants --role "
+            f"{self.role}` prints every statement tenure needs; `tenure doctor` names what "
+            "is missing)"
+        )
 
 
 def check_period(seconds: float) -> int:
@@ -69,14 +83,16 @@ def slot_state(client: Client, job_key: str, slot: str | None, every: int | None
     ``slot@time`` with both) and whether it already completed, in one round trip."""
     rows = client._fetch(
         "exec_slot_check",
-        {"job_key": job_key, "slot": slot, "every": every},
+        {"job_key": job_key, "slot": slot, "every": every, "schema": client.schema},
         doing=f"checking the schedule slot of {job_key!r}",
     )
-    name, token, completed_at = rows[0]
-    return SlotState(name, token, completed_at)
+    name, token, completed_at, can_record, role = rows[0]
+    return SlotState(name, token, completed_at, bool(can_record), role)
 
 
-def record_slot(client: Client, lease: Lease, slot: str) -> None:
+def record_slot(
+    client: Client, lease: Lease, slot: str, extra: dict[str, Any] | None = None
+) -> None:
     """Mark ``slot`` done, in a transaction fenced by ``lease``'s token.
 
     Raises :class:`~tenure.StaleTokenError` when the lease was taken over meanwhile (the slot
@@ -87,6 +103,7 @@ def record_slot(client: Client, lease: Lease, slot: str) -> None:
     with mapped(doing, wrote=True), client._pool.connection() as conn, conn.transaction():
         fence(conn, lease.job_key, lease.token, schema=client.schema)
         conn.execute(query(client.schema, "exec_slot_done"), params)
+    log.info("slot %r marked done", slot, extra=extra or {"job": lease.job_key})
 
 
 __all__ = [

@@ -26,6 +26,7 @@ OUTCOMES = (
     "already_done",
     "not_started",
     "busy",
+    "slot_unrecorded",
     "error",
 )
 

@@ -9,6 +9,9 @@ Checks, in order (a failed connection skips the ones that need it):
 * ``server``: PostgreSQL version (12 or later: generated columns), and that it is a primary
   accepting writes (a standby cannot issue tokens).
 * ``schema``: the applied schema version against the one this tenure expects.
+* ``privileges``: what the current role lacks of the privileges tenure uses on the schema's
+  tables and the functions it calls (:mod:`tenure.db.privileges`, the list ``tenure grants``
+  prints), each named with what needs it.
 * ``clock``: this host's clock against the database's. A warning only: tenure decides
   everything lease- and schedule-related by the database clock, but logs and people do not.
 * ``timeouts``: the server's defaults and what tenure sets on each of its connections.
@@ -34,6 +37,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ..db import migrations
 from ..db.dsn import describe
+from ..db.privileges import FUNCTIONS, TABLES
 from ..db.queries import queries
 from ..db.timeouts import CONNECTION_KWARGS, TIMEOUTS
 from ..errors import translate
@@ -84,6 +88,7 @@ def diagnose(dsn: str | None, schema: str, *, origin: str | None = None) -> list
         steps: list[tuple[str, Callable[[], Check]]] = [
             ("server", lambda: _server(ctx)),
             ("schema", lambda: _schema(ctx, schema)),
+            ("privileges", lambda: _privileges(ctx, schema)),
             ("clock", lambda: _clock(ctx)),
             ("timeouts", lambda: _timeouts(ctx)),
             ("pooler", lambda: _pooler(ctx)),
@@ -259,6 +264,57 @@ def _schema(ctx: _Context, schema: str) -> Check:
             "upgrade tenure on this host to the version that migrated the schema",
         )
     return Check("schema", OK, f"schema {schema!r} at version {version}", details)
+
+
+def _privileges(ctx: _Context, schema: str) -> Check:
+    conn = _conn(ctx)
+    [(role,)] = conn.execute(b"SELECT current_user").fetchall()
+    pairs = [(need.table, p) for need in TABLES for p in need.privileges]
+    missing = conn.execute(
+        queries(schema)["observe_missing_privileges"],
+        {
+            "schema": schema,
+            "tables": [table for table, _ in pairs],
+            "privileges": [privilege for _, privilege in pairs],
+            "functions": [signature for signature, _ in FUNCTIONS],
+        },
+    ).fetchall()
+    if not missing:
+        return Check(
+            "privileges",
+            OK,
+            f"role {role!r} has every privilege tenure uses on schema {schema!r} "
+            f"({len(TABLES)} tables) and its functions",
+        )
+    used_by = {need.table: need.used_by for need in TABLES} | dict(FUNCTIONS)
+    names: list[str] = []
+    lacking: dict[str, tuple[list[str], str]] = {}
+    for kind, name, privilege in missing:
+        if kind == "table":
+            where, why = f"{schema}.{name}", used_by[name]
+        elif kind == "schema":
+            where, why = f"schema {name}", "every command"
+        else:
+            where, why = name, used_by[name]
+        names.append(f"{privilege} on {where}")
+        lacking.setdefault(where, ([], why))[0].append(privilege)
+    details = tuple(
+        (where, f"missing {', '.join(privileges)}: needed by {why}")
+        for where, (privileges, why) in lacking.items()
+    )
+    return Check(
+        "privileges",
+        FAIL,
+        f"role {role!r} lacks {len(names)} privilege(s) tenure uses: {', '.join(names)}",
+        details,
+        f"as the schema's owner (or a superuser), run what `tenure grants --role {role} "
+        f"--schema {schema}` prints"
+        + (
+            f"; and, as a superuser, GRANT EXECUTE ON FUNCTION ... TO {role} for each function"
+            if any(kind == "function" for kind, _, _ in missing)
+            else ""
+        ),
+    )
 
 
 def _clock(ctx: _Context) -> Check:

@@ -15,7 +15,6 @@ from ..errors import InvalidArgument, LeaseLost, StaleTokenError
 from ..leases._async.fencing import fence_async
 from ..leases._sync.fencing import fence
 from ..leases.models import Result
-from ..validation import to_json
 
 if TYPE_CHECKING:
     from ..leases._async.client import AsyncClient
@@ -25,8 +24,9 @@ T = TypeVar("T")
 
 
 class JobResults:
-    """``ctx.results``: the job's fenced result store. ``put`` writes inside a strict fence:
-    once another worker has taken the job over, the write is rejected with
+    """``ctx.results``: the job's fenced result store. ``put`` is strict
+    (``results.put(..., strict=True)``, the rule of :func:`~tenure.fence`): once the lease
+    has expired or another worker has taken the job over, the write is rejected with
     :class:`~tenure.StaleTokenError`, even if the successor has not written yet."""
 
     def __init__(self, ctx: JobContext) -> None:
@@ -39,12 +39,10 @@ class JobResults:
     async def put_async(self, payload: Any) -> Result:
         """Store ``payload`` (JSON) as this job's result; from an async job."""
         ctx = self._ctx
-        to_json(payload)  # fail on a bad payload before taking a connection
-        client = ctx._client
         try:
-            async with client._pool.connection() as conn, conn.transaction():
-                await fence_async(conn, ctx.job_key, ctx.token, schema=client.schema)
-                return await client.results.put(ctx.job_key, payload, token=ctx.token, conn=conn)
+            # Strict: the worker holds this run's lease, so fence()'s rule applies, in one
+            # statement (no transaction round trips).
+            return await ctx._client.results.put(ctx.job_key, payload, token=ctx.token, strict=True)
         except StaleTokenError:
             ctx._stale = True
             raise

@@ -16,7 +16,12 @@ WITH s AS (
                              AT TIME ZONE 'UTC',
                              'YYYY-MM-DD"T"HH24:MI:SS"Z"')) AS slot
 )
-SELECT s.slot, d.token, d.completed_at
+-- can_record: whether this role may mark the slot done. Without it the slot could never be
+-- recorded and would run again on every host, so exec refuses to run it (same round trip).
+SELECT s.slot, d.token, d.completed_at,
+       has_table_privilege(quote_ident(%(schema)s::text) || '.exec_slots', 'INSERT')
+           AS can_record,
+       current_user AS role
 FROM s
 LEFT JOIN {schema}.exec_slots AS d ON d.job_key = %(job_key)s AND d.slot = s.slot;
 

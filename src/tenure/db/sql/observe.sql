@@ -57,3 +57,27 @@ FROM {schema}.outbox
 WHERE state IN ('pending', 'dead')
 GROUP BY topic
 ORDER BY topic;
+
+-- name: observe_missing_privileges
+-- `tenure doctor`: which privileges tenure needs (tenure.db.privileges) the current role
+-- lacks. Tables are found in the catalog by name (no regclass cast of a name), so a schema
+-- without USAGE is reported rather than an error; a table not created yet (an older schema)
+-- is left to the schema check.
+WITH ns AS (
+    SELECT oid FROM pg_namespace WHERE nspname = %(schema)s
+), need AS (
+    SELECT * FROM unnest(%(tables)s::text[], %(privileges)s::text[]) AS n(tbl, privilege)
+)
+SELECT 'schema' AS kind, %(schema)s::text AS name, 'USAGE' AS privilege
+FROM ns
+WHERE NOT has_schema_privilege(ns.oid, 'USAGE')
+UNION ALL
+SELECT 'table', n.tbl, n.privilege
+FROM need AS n
+CROSS JOIN ns
+JOIN pg_class AS c ON c.relnamespace = ns.oid AND c.relname = n.tbl
+WHERE NOT has_table_privilege(c.oid, n.privilege)
+UNION ALL
+SELECT 'function', f.signature, 'EXECUTE'
+FROM unnest(%(functions)s::text[]) AS f(signature)
+WHERE NOT has_function_privilege(f.signature, 'EXECUTE');

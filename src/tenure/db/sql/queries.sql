@@ -170,6 +170,45 @@ SELECT (SELECT applied_fencing_token FROM written) AS applied,
            AS current,
        (SELECT fencing_token FROM issued) AS issued;
 
+-- name: result_put_strict
+-- results.put(strict=True): the rule fence() applies, in one statement. The write happens only
+-- while the token is the newest takeover and its lease is unexpired by the database clock;
+-- the fence row is updated first (as fence() does), so a concurrent takeover waits for this
+-- statement, or for the caller's transaction when it runs on the caller's connection, and a
+-- takeover that committed first makes the UPDATE match nothing (EvalPlanQual re-checks
+-- s.token on the new row version). Unlike the seed's rule, a holder whose lease expired is
+-- refused even before any successor has written. A retry with the same token while the
+-- lease is live is accepted. With %(set_idle)s (the caller's transaction), the transaction
+-- gets the idle timeout fence() sets: the lease TTL.
+WITH fenced AS (
+    UPDATE {schema}.job_state AS s
+    SET fenced_token = s.token, fenced_at = clock_timestamp()
+    FROM {schema}.job_leases AS l
+    WHERE s.job_key = %(job_key)s AND s.token = %(token)s
+      AND l.job_key = s.job_key AND l.fencing_token = s.token
+      AND l.lease_until >= clock_timestamp()
+    RETURNING s.token, l.lease_ttl
+), idle AS (
+    SELECT set_config('idle_in_transaction_session_timeout',
+                      (ceil(extract(epoch FROM f.lease_ttl) * 1000))::bigint::text, true)
+    FROM fenced AS f
+    WHERE %(set_idle)s::boolean
+), written AS (
+    INSERT INTO {schema}.report_results AS r (job_key, payload, applied_fencing_token, written_at)
+    SELECT %(job_key)s, %(payload)s, %(token)s, clock_timestamp()
+    FROM fenced
+    ON CONFLICT (job_key) DO UPDATE
+    SET payload = excluded.payload,
+        applied_fencing_token = excluded.applied_fencing_token,
+        written_at = excluded.written_at
+    WHERE r.applied_fencing_token <= excluded.applied_fencing_token
+    RETURNING r.applied_fencing_token, r.written_at
+)
+SELECT (SELECT applied_fencing_token FROM written) AS applied,
+       (SELECT written_at FROM written) AS written_at,
+       (SELECT count(*) FROM idle) AS idle_set,
+       (SELECT fencing_token FROM {schema}.job_leases WHERE job_key = %(job_key)s) AS issued;
+
 -- name: result_get
 SELECT job_key, payload, applied_fencing_token, written_at
 FROM {schema}.report_results

@@ -17,6 +17,7 @@ from ..._acompat import monotonic
 from ...db import migrations
 from ...db.channels import lease_channel
 from ...db.dsn import describe, resolve
+from ...db.idle import closed_while_idle
 from ...db.queries import compose, queries
 from ...db.timeouts import (
     CONNECTION_KWARGS,
@@ -89,6 +90,9 @@ class AsyncClient:
         # `with conn:`, which sends a needless COMMIT-check on every call of this hot path.
         try:
             conn = await self._pool.getconn()
+        except psycopg.Error as exc:  # no connection: nothing was sent
+            raise translate(exc, doing) from exc
+        try:
             try:
                 cur = await conn.execute(self._queries[name], params)
                 return await cur.fetchall()
@@ -332,6 +336,25 @@ async def _configure(conn: AsyncConnection[Any]) -> None:
         await conn.execute(b"SELECT set_config(%s, %s, false)", (name, value))
 
 
+class _IdleCheck:
+    """The pool's ``check``: before a connection is handed out, discard it if the server
+    closed it while it sat idle (see :mod:`tenure.db.idle`), so a statement is never sent
+    on it and reported as an unknown outcome. The first dead one found makes the pool test
+    its other idle connections too (they usually died together: a restart, a proxy)."""
+
+    def __init__(self) -> None:
+        self.pool: AsyncConnectionPool[AsyncConnection[Any]] | None = None
+
+    async def __call__(self, conn: AsyncConnection[Any]) -> None:
+        if not closed_while_idle(conn):
+            return
+        log.info("a pooled connection was closed by the server while idle; using a fresh one")
+        await conn.close()
+        if self.pool is not None:
+            await self.pool.check()
+        raise psycopg.OperationalError("the server closed this connection while it was idle")
+
+
 async def connect_async(
     dsn: str | None = None,
     *,
@@ -371,16 +394,19 @@ async def connect_async(
         await probe.close()
     except psycopg.Error as exc:
         raise translate(exc, f"connecting to {where} (from {source})") from exc
+    check = _IdleCheck()
     pool: AsyncConnectionPool[AsyncConnection[Any]] = AsyncConnectionPool(
         conninfo,
         min_size=1,
         max_size=pool_size,
         kwargs=kwargs,
         configure=_configure,
+        check=check,
         timeout=10.0,
         open=False,
         name=f"tenure-{schema}",
     )
+    check.pool = pool
     await pool.open(wait=True, timeout=10.0)
     client = AsyncClient(pool, schema=schema, where=where)
     if migrate:

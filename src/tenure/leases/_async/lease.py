@@ -150,7 +150,10 @@ class AsyncLease:
 
         Raises :class:`LeaseLost` when the database refuses (expired or taken over) or the
         local deadline has passed, and a :class:`~tenure.DatabaseError` when the database
-        cannot be asked (the lease is then still held until its local deadline).
+        cannot be asked (the lease is then still held until its local deadline). A renewal
+        whose connection was lost after it was sent is a
+        :class:`~tenure.DatabaseUnavailable` with ``outcome_unknown``: the database may have
+        extended the lease, but the local deadline stays where the last known renewal put it.
         """
         self.check()
         sent = monotonic()
@@ -165,6 +168,7 @@ class AsyncLease:
                     "lock_timeout": lock_timeout_ms(self.ttl / 3),
                 },
                 doing=f"renewing lease {self.job_key!r}",
+                wrote=True,
             )
         except TenureError:
             metrics.emit(metrics.RENEW, self.job_key, "error")

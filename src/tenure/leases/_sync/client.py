@@ -20,6 +20,7 @@ from ..._compat import monotonic
 from ...db import migrations
 from ...db.channels import lease_channel
 from ...db.dsn import describe, resolve
+from ...db.idle import closed_while_idle
 from ...db.queries import compose, queries
 from ...db.timeouts import (
     CONNECTION_KWARGS,
@@ -86,6 +87,9 @@ class Client:
     ) -> list[tuple[Any, ...]]:
         try:
             conn = self._pool.getconn()
+        except psycopg.Error as exc:
+            raise translate(exc, doing) from exc
+        try:
             try:
                 cur = conn.execute(self._queries[name], params)
                 return cur.fetchall()
@@ -318,6 +322,25 @@ def _configure(conn: Connection[Any]) -> None:
         conn.execute(b"SELECT set_config(%s, %s, false)", (name, value))
 
 
+class _IdleCheck:
+    """The pool's ``check``: before a connection is handed out, discard it if the server
+    closed it while it sat idle (see :mod:`tenure.db.idle`), so a statement is never sent
+    on it and reported as an unknown outcome. The first dead one found makes the pool test
+    its other idle connections too (they usually died together: a restart, a proxy)."""
+
+    def __init__(self) -> None:
+        self.pool: ConnectionPool[Connection[Any]] | None = None
+
+    def __call__(self, conn: Connection[Any]) -> None:
+        if not closed_while_idle(conn):
+            return
+        log.info("a pooled connection was closed by the server while idle; using a fresh one")
+        conn.close()
+        if self.pool is not None:
+            self.pool.check()
+        raise psycopg.OperationalError("the server closed this connection while it was idle")
+
+
 def connect(
     dsn: str | None = None,
     *,
@@ -354,16 +377,19 @@ def connect(
         probe.close()
     except psycopg.Error as exc:
         raise translate(exc, f"connecting to {where} (from {source})") from exc
+    check = _IdleCheck()
     pool: ConnectionPool[Connection[Any]] = ConnectionPool(
         conninfo,
         min_size=1,
         max_size=pool_size,
         kwargs=kwargs,
         configure=_configure,
+        check=check,
         timeout=10.0,
         open=False,
         name=f"tenure-{schema}",
     )
+    check.pool = pool
     pool.open(wait=True, timeout=10.0)
     client = Client(pool, schema=schema, where=where)
     if migrate:

@@ -9,6 +9,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from psycopg import Connection
+from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
 from ... import metrics
@@ -29,25 +30,46 @@ class Results:
         self._client = client
 
     def put(
-        self, job_key: str, payload: Any, *, token: int, conn: Connection[Any] | None = None
+        self,
+        job_key: str,
+        payload: Any,
+        *,
+        token: int,
+        conn: Connection[Any] | None = None,
+        strict: bool = False,
     ) -> Result:
         """Store ``payload`` for ``job_key`` if ``token`` is not older than the stored one.
 
-        A retry with the same token (e.g. after a lost commit acknowledgement) is accepted.
+        The seed's rule (default): the last accepted token wins; a retry with the same token
+        (e.g. after a lost commit acknowledgement) is accepted, and so is a write by a holder
+        whose lease expired, as long as no newer token has *written* yet. ``strict=True``
+        applies the rule :func:`~tenure.fence` applies: the write is accepted only while
+        ``token`` is the newest takeover and its lease is unexpired by the database clock,
+        so once a successor has taken over (or the lease has expired) it is refused, even
+        before the successor writes anything. Use it when the writer holds the lease in this
+        database (tenure does, for ``ctx.results.put`` and ``tenure result put`` inside
+        ``tenure exec``); keep the default where only the token travels (another process,
+        a queue) and the lease may legitimately be gone when the write lands.
+
         Zero affected rows is a failure: :class:`StaleTokenError` names both tokens. Pass
-        ``conn`` to write inside your own transaction (with a fence, for example).
+        ``conn`` to write inside your own transaction; with ``strict=True`` the fence row
+        stays locked until that transaction ends, as after ``fence(conn, ...)``.
         """
         check_job_key(job_key)
         check_token(token)
         text = to_json(payload)
         params = {"job_key": job_key, "payload": Jsonb(text, dumps=_identity), "token": token}
+        if strict:
+            params["set_idle"] = conn is not None
+        name = "result_put_strict" if strict else "result_put"
         doing = f"storing the result of {job_key!r} with token {token}"
         if conn is None:
-            rows = self._client._fetch("result_put", params, doing=doing, wrote=True)
+            rows = self._client._fetch(name, params, doing=doing, wrote=True)
             row = rows[0]
         else:
-            with mapped(doing):
-                cur = conn.execute(query(self._client.schema, "result_put"), params)
+            idle = conn.info.transaction_status == TransactionStatus.IDLE
+            with mapped(doing, wrote=idle):
+                cur = conn.execute(query(self._client.schema, name), params)
                 fetched = cur.fetchone()
             assert fetched is not None
             row = fetched
@@ -55,9 +77,12 @@ class Results:
         if applied is None:
             if issued is None or issued < token:
                 raise TokenNotIssued(job_key, token, issued)
+            if strict:
+                current = issued
             metrics.emit(metrics.STALE, job_key, "result")
             log.warning(
-                "stale result write for %r rejected: token %s < accepted token %s",
+                "%s result write for %r rejected: token %s, current token %s",
+                "strict" if strict else "stale",
                 job_key,
                 token,
                 current,
