@@ -14,6 +14,7 @@ a little before or after the boundary share the slot.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,8 @@ from ..leases._sync.fencing import fence
 if TYPE_CHECKING:
     from ..leases._sync.client import Client
     from ..leases._sync.lease import Lease
+
+log = logging.getLogger("tenure.exec")
 
 #: Longest slot name a caller may give (``--slot``).
 MAX_SLOT = 200
