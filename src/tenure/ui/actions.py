@@ -1,0 +1,72 @@
+"""The operator actions the dashboard can run when started with actions enabled: the same
+functions as ``tenure jobs pause|resume|trigger``, ``tenure release`` and ``tenure outbox
+retry|purge``, on a sync client of their own (run in a worker thread)."""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+from ..scheduling import ops
+
+if TYPE_CHECKING:
+    from .._sync.client import Client
+
+ACTIONS = ("pause", "resume", "trigger", "release", "retry", "purge")
+
+
+class Actions:
+    def __init__(self, conninfo: str, schema: str) -> None:
+        self._conninfo = conninfo
+        self.schema = schema
+        self._client: Client | None = None
+        self._lock = threading.Lock()
+
+    def _get(self) -> Client:
+        with self._lock:
+            if self._client is None:
+                import tenure
+
+                self._client = tenure.connect(
+                    self._conninfo, schema=self.schema, pool_size=2, application_name="tenure ui"
+                )
+            return self._client
+
+    def close(self) -> None:
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+
+    def run(self, action: str, target: str) -> str:
+        """Do ``action`` on ``target`` (a job key, or an outbox message id); returns what
+        happened, in words."""
+        client = self._get()
+        channel = ops.channel_name(self.schema)
+        if action == "pause":
+            changed = ops.pause(client, target, channel=channel)
+            return f"{target}: paused" if changed else f"{target}: was already paused"
+        if action == "resume":
+            slot = ops.resume(client, target, channel=channel)
+            if slot is None:
+                return f"{target}: was not paused"
+            return f"{target}: resumed; next slot {slot.isoformat()}"
+        if action == "trigger":
+            done = ops.trigger(client, target, channel=channel)
+            note = " (the job is paused: it runs once resumed)" if done.paused else ""
+            if done.already_pending:
+                return f"{target}: a run was already pending{note}"
+            return f"{target}: triggered{note}"
+        if action == "release":
+            token = client.release(target)
+            return f"{target}: expired token {token}" if token else f"{target}: no live lease"
+        from .. import outbox
+
+        message_id = int(target)
+        if action == "retry":
+            ids = outbox.retry(client, ids=[message_id])
+            return f"message {message_id}: re-driven" if ids else f"message {message_id}: not dead"
+        if action == "purge":
+            n = outbox.purge(client, older_than=0, state="dead", ids=[message_id])
+            return f"message {message_id}: purged" if n else f"message {message_id}: not dead"
+        raise ValueError(f"unknown action {action!r}")

@@ -1,0 +1,358 @@
+"""The dashboard as an ASGI application (Starlette): mount it in your own ASGI app, or serve
+it with ``tenure ui``.
+
+    from tenure.ui import Dashboard
+    dashboard = Dashboard(dsn, schema="tenure")
+    app.mount("/tenure", dashboard.app)          # Starlette / FastAPI
+    ...
+    await dashboard.close()                       # at shutdown
+
+Pages are rendered on the server (Jinja2, autoescaped); one small hand-written script makes
+times local, counts leases down and reloads the page's content when the database changes
+(Server-Sent Events fed by LISTEN/NOTIFY, polling only when events are unavailable).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+from urllib.parse import parse_qs, urlencode
+
+import psycopg
+from jinja2 import Environment, PackageLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import (
+    HTMLResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from ..dsn import describe, resolve
+from ..errors import ConfigurationError, DatabaseUnavailable, TenureError
+from ..validation import check_schema
+from . import data, security
+from .actions import ACTIONS, Actions
+from .live import Broker
+from .timeline import render
+
+log = logging.getLogger("tenure.ui")
+
+Handler = Callable[[Request], Awaitable[Response]]
+#: Seconds between keep-alive comments on an idle event stream.
+KEEPALIVE = 15.0
+
+
+def _env() -> Environment:
+    env = Environment(
+        loader=PackageLoader("tenure.ui", "templates"),
+        autoescape=select_autoescape(["html"]),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["iso"] = lambda t: "" if t is None else t.astimezone(dt.UTC).isoformat()
+    env.filters["utc"] = lambda t: (
+        "" if t is None else t.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    )
+    env.filters["age"] = _age
+    return env
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    n = abs(seconds)
+    if n < 60:
+        text = f"{n:.1f}s"
+    elif n < 3600:
+        text = f"{n / 60:.0f} min"
+    elif n < 86400:
+        text = f"{n / 3600:.1f} h"
+    else:
+        text = f"{n / 86400:.1f} d"
+    return text
+
+
+class Dashboard:
+    """The dashboard for one schema. ``actions`` needs ``credential``: a read-only dashboard
+    (the default) changes nothing in the database."""
+
+    def __init__(
+        self,
+        dsn: str | None = None,
+        *,
+        schema: str = "tenure",
+        actions: bool = False,
+        credential: str | None = None,
+    ) -> None:
+        self.schema = check_schema(schema)
+        if actions and not credential:
+            raise ConfigurationError(
+                "dashboard actions need a credential: set one (--token / $TENURE_UI_TOKEN) or "
+                "leave actions off"
+            )
+        if credential is not None and not credential.strip():
+            raise ConfigurationError("the dashboard credential is empty")
+        conninfo, _source = resolve(dsn)
+        self.where = describe(conninfo)  # never the password
+        self.credential = credential
+        self.actions_enabled = actions
+        self.reader = data.Reader(conninfo, self.schema)
+        self.broker = Broker(conninfo, self.schema)
+        self._actions = Actions(conninfo, self.schema) if actions else None
+        self.csrf = security.Csrf()
+        self.templates = _env()
+        static = StaticFiles(packages=[("tenure.ui", "static")])
+        self.app = Starlette(
+            routes=[
+                Route("/", self._guard(self.overview), name="overview"),
+                Route("/jobs", self._guard(self.jobs), name="jobs"),
+                Route("/job", self._guard(self.job), name="job"),
+                Route("/leases", self._guard(self.leases), name="leases"),
+                Route("/outbox", self._guard(self.outbox), name="outbox"),
+                Route("/events", self._guard(self.events), name="events"),
+                Route("/action/{action}", self._guard(self.action), methods=["POST"]),
+                Mount("/static", app=static, name="static"),
+            ],
+            lifespan=self._lifespan,
+        )
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, _app: Starlette) -> AsyncIterator[None]:
+        yield
+        await self.close()
+
+    async def close(self) -> None:
+        await self.broker.close()
+        await self.reader.close()
+        if self._actions is not None:
+            await run_in_threadpool(self._actions.close)
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def _guard(self, handler: Handler) -> Handler:
+        async def guarded(request: Request) -> Response:
+            if not security.credential_ok(self.credential, request.headers.get("authorization")):
+                return PlainTextResponse(
+                    "this dashboard needs its credential (HTTP Basic password, or "
+                    "Authorization: Bearer)\n",
+                    status_code=401,
+                    headers={"WWW-Authenticate": 'Basic realm="tenure", charset="UTF-8"'},
+                )
+            try:
+                return await handler(request)
+            except DatabaseUnavailable as exc:
+                return self._error(request, 503, str(exc))
+            except psycopg.errors.UndefinedTable:
+                return self._error(
+                    request,
+                    503,
+                    f"schema {self.schema!r} on {self.where} has no tenure tables (or an old "
+                    "version): run `tenure migrate`",
+                )
+            except psycopg.Error as exc:
+                log.warning("dashboard query failed: %s", exc)
+                return self._error(request, 500, f"database error: {' '.join(str(exc).split())}")
+
+        return guarded
+
+    def _error(self, request: Request, status: int, message: str) -> Response:
+        return self._page(request, "error.html", {"message": message}, status=status)
+
+    def _session(self, request: Request) -> tuple[str, bool]:
+        current = request.cookies.get(security.COOKIE)
+        if current:
+            return current, False
+        return self.csrf.new_session(), True
+
+    def _page(
+        self, request: Request, name: str, context: dict[str, Any], *, status: int = 200
+    ) -> Response:
+        session, fresh = self._session(request)
+        base = request.scope.get("root_path", "").rstrip("/")
+        ctx = {
+            "base": base,
+            "schema": self.schema,
+            "where": self.where,
+            "actions": self.actions_enabled,
+            "csrf": self.csrf.token_for(session),
+            "here": request.url.path + (f"?{request.url.query}" if request.url.query else ""),
+            "notice": request.query_params.get("notice"),
+            "windows": data.WINDOWS,
+            **context,
+        }
+        html = self.templates.get_template(name).render(ctx)
+        response = HTMLResponse(html, status_code=status)
+        response.headers["Cache-Control"] = "no-store"
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        response.headers["Referrer-Policy"] = "same-origin"
+        response.headers["Content-Security-Policy"] = (
+            "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+            "frame-ancestors 'none'; form-action 'self'"
+        )
+        if fresh:
+            response.set_cookie(
+                security.COOKIE,
+                session,
+                httponly=True,
+                samesite="strict",
+                path=base or "/",
+            )
+        return response
+
+    # -- pages --------------------------------------------------------------------------
+
+    async def overview(self, request: Request) -> Response:
+        view = await self.reader.overview()
+        return self._page(request, "overview.html", {"page": "overview", "o": view})
+
+    async def jobs(self, request: Request) -> Response:
+        q = request.query_params
+        state = q.get("state", "all")
+        sort = q.get("sort", "key")
+        if state not in data.JOB_STATES:
+            state = "all"
+        if sort not in data.JOB_SORTS:
+            sort = "key"
+        desc = q.get("desc") == "1"
+        search = (q.get("q") or "").strip()[:200] or None
+        page = _int(q.get("page"), 1)
+        view = await self.reader.jobs(state=state, sort=sort, desc=desc, search=search, page=page)
+
+        def link(**changes: Any) -> str:
+            params = {"state": state, "sort": sort, "desc": "1" if desc else "", "q": search or ""}
+            params.update({k: str(v) for k, v in changes.items()})
+            return "?" + urlencode({k: v for k, v in params.items() if v})
+
+        return self._page(
+            request,
+            "jobs.html",
+            {"page": "jobs", "v": view, "link": link, "states": data.JOB_STATES},
+        )
+
+    async def job(self, request: Request) -> Response:
+        key = request.query_params.get("key", "")
+        window = request.query_params.get("window", "1h")
+        seconds = dict(data.WINDOWS).get(window)
+        if seconds is None:
+            window, seconds = "1h", 3600
+        job = await self.reader.job(key) if key else None
+        if job is None:
+            return self._error(request, 404, f"no lease, schedule or result for key {key!r}")
+        since = job.now - dt.timedelta(seconds=seconds)
+        runs, history = await self.reader.timeline(key, since)
+        timeline = render(runs, since=since, now=job.now, job_key=key)
+        return self._page(
+            request,
+            "job.html",
+            {
+                "page": "jobs",
+                "job": job,
+                "runs": runs,
+                "history": history,
+                "timeline": timeline,
+                "window": window,
+                "key_query": urlencode({"key": key}),
+                "live_keys": [key],
+                "capped": len(runs) >= data.TIMELINE_LIMIT,
+            },
+        )
+
+    async def leases(self, request: Request) -> Response:
+        search = (request.query_params.get("q") or "").strip()[:200] or None
+        page = _int(request.query_params.get("page"), 1)
+        view = await self.reader.leases(search=search, page=page)
+        return self._page(request, "leases.html", {"page": "leases", "v": view})
+
+    async def outbox(self, request: Request) -> Response:
+        topics, dead, now = await self.reader.outbox()
+        return self._page(
+            request, "outbox.html", {"page": "outbox", "topics": topics, "dead": dead, "now": now}
+        )
+
+    async def events(self, request: Request) -> Response:
+        """Server-Sent Events: ``data: ["key", ...]`` when those jobs (or ``*``: anything)
+        changed. ``?key=K`` (repeatable) limits events to those keys."""
+        wanted = set(request.query_params.getlist("key"))
+        queue = self.broker.subscribe()
+
+        async def stream() -> AsyncIterator[str]:
+            try:
+                yield "retry: 2000\n: listening\n\n"
+                while True:
+                    try:
+                        async with asyncio.timeout(KEEPALIVE):
+                            changed = await queue.get()
+                    except TimeoutError:
+                        yield ": keep-alive\n\n"
+                        continue
+                    if "*" in changed or not wanted or wanted & changed:
+                        yield f"data: {json.dumps(sorted(changed)[:100])}\n\n"
+            finally:
+                self.broker.unsubscribe(queue)
+
+        return StreamingResponse(
+            stream(),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )
+
+    async def action(self, request: Request) -> Response:
+        action = request.path_params["action"]
+        if self._actions is None:
+            return PlainTextResponse(
+                "actions are off: start the dashboard with --actions and a --token\n",
+                status_code=403,
+            )
+        if action not in ACTIONS:
+            return PlainTextResponse(f"unknown action {action!r}\n", status_code=404)
+        if not security.same_origin(request.headers, request.url.scheme):
+            return PlainTextResponse("cross-origin POST refused\n", status_code=403)
+        body = (await request.body())[:10_000].decode("utf-8", "replace")
+        form = {k: v[0] for k, v in parse_qs(body).items()}
+        if not self.csrf.check(request.cookies.get(security.COOKIE), form.get(security.FIELD)):
+            return PlainTextResponse(
+                "missing or wrong CSRF token: reload the page and try again\n", status_code=403
+            )
+        target = form.get("target", "")
+        back = form.get("next", "/")
+        if not back.startswith("/") or back.startswith("//"):
+            back = "/"
+        base = request.scope.get("root_path", "").rstrip("/")
+        try:
+            message = await run_in_threadpool(self._actions.run, action, target)
+        except (TenureError, ValueError) as exc:
+            message = f"{action} failed: {exc}"
+        log.warning("dashboard action %s %r: %s", action, target, message)
+        sep = "&" if "?" in back else "?"
+        return RedirectResponse(
+            f"{base}{back}{sep}{urlencode({'notice': message})}", status_code=303
+        )
+
+
+def _int(value: str | None, default: int) -> int:
+    try:
+        return max(1, min(1_000_000, int(value or default)))
+    except ValueError:
+        return default
+
+
+def create_app(
+    dsn: str | None = None,
+    *,
+    schema: str = "tenure",
+    actions: bool = False,
+    credential: str | None = None,
+) -> Starlette:
+    """The dashboard's ASGI app (closes its connections on the app's lifespan shutdown)."""
+    return Dashboard(dsn, schema=schema, actions=actions, credential=credential).app

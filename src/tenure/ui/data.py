@@ -1,0 +1,497 @@
+"""Read-only access to tenure's tables for the dashboard: one small async pool, one READ ONLY
+transaction with a statement timeout per page, values as frozen dataclasses."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import math
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from ..errors import DatabaseUnavailable
+from ..scheduling.ops import schedule_from_row
+from ..timeouts import CONNECTION_KWARGS
+from .queries import ui_queries
+
+log = logging.getLogger("tenure.ui")
+
+#: Bound on every dashboard statement: a page that cannot answer says so instead of hanging.
+STATEMENT_TIMEOUT = 5.0
+PAGE_SIZE = 50
+JOB_STATES = ("all", "running", "paused", "failing", "idle")
+JOB_SORTS = ("key", "next", "last")
+#: Zoom levels of the timeline (label, seconds).
+WINDOWS: tuple[tuple[str, int], ...] = (
+    ("15m", 900),
+    ("1h", 3600),
+    ("6h", 6 * 3600),
+    ("1d", 86400),
+    ("7d", 7 * 86400),
+    ("28d", 28 * 86400),
+)
+#: Most bars drawn on one timeline (the newest in the window); zoom in for the rest.
+TIMELINE_LIMIT = 1500
+
+
+@dataclass(frozen=True, slots=True)
+class Overview:
+    now: dt.datetime
+    jobs_total: int
+    paused: int
+    running: int
+    failing: int
+    overdue: int
+    idle: int
+    leases_total: int
+    leases_held: int
+    stale: int
+    lost: int
+    failed: int
+    runs: int
+    window: str
+    incidents: tuple[Incident, ...]
+    topics: tuple[Topic, ...]
+
+    @property
+    def dead(self) -> int:
+        return sum(t.dead for t in self.topics)
+
+    @property
+    def backlog(self) -> int:
+        return sum(t.pending for t in self.topics)
+
+    @property
+    def alerts(self) -> list[str]:
+        """What the shipped alert rules (deploy/prometheus/alerts.yml) would fire on."""
+        out = []
+        if self.stale:
+            out.append(f"{self.stale} stale-token rejection(s) in the last {self.window}")
+        if self.lost:
+            out.append(f"{self.lost} lost lease(s) in the last {self.window}")
+        if self.failing:
+            out.append(f"{self.failing} job(s) whose last run failed")
+        if self.overdue:
+            out.append(f"{self.overdue} job(s) overdue: no worker claims them")
+        if self.dead:
+            out.append(f"{self.dead} dead outbox message(s)")
+        for t in self.topics:
+            if t.oldest_pending_age is not None and t.oldest_pending_age > 600:
+                out.append(
+                    f"outbox topic {t.topic!r}: oldest pending message is "
+                    f"{t.oldest_pending_age / 60:.0f} min old"
+                )
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Incident:
+    job_key: str
+    token: int
+    outcome: str
+    at: dt.datetime
+    worker: str
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Topic:
+    topic: str
+    pending: int
+    dead: int
+    oldest_pending_age: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeadMessage:
+    id: int
+    topic: str
+    key: str
+    attempts: int
+    last_error: str | None
+    last_attempt_at: dt.datetime | None
+    created_at: dt.datetime
+    job_key: str | None
+    token: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobRow:
+    job_key: str
+    schedule: str
+    timezone: str
+    paused: bool
+    next_slot: dt.datetime
+    running: bool
+    triggered: bool
+    token: int | None
+    lease_until: dt.datetime | None
+    held: bool
+    last_outcome: str | None
+    last_at: dt.datetime | None
+    last_token: int | None
+    now: dt.datetime
+
+    @property
+    def state(self) -> str:
+        if self.paused:
+            return "paused"
+        if self.running:
+            return "running"
+        if self.last_outcome == "failed":
+            return "failing"
+        return "idle"
+
+    @property
+    def seconds_left(self) -> float | None:
+        if not self.held or self.lease_until is None:
+            return None
+        return max(0.0, (self.lease_until - self.now).total_seconds())
+
+
+@dataclass(frozen=True, slots=True)
+class JobPage:
+    rows: tuple[JobRow, ...]
+    total: int
+    page: int
+    pages: int
+    state: str
+    sort: str
+    desc: bool
+    search: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    run_id: int
+    slot: dt.datetime
+    kind: str
+    attempt: int
+    token: int
+    worker: str
+    host: str
+    pid: int
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    outcome: str
+    error: str | None
+    recorded_at: dt.datetime
+
+    @property
+    def lateness(self) -> float | None:
+        """Seconds between the slot and the run's start (scheduled runs)."""
+        if self.started_at is None or self.kind != "scheduled":
+            return None
+        return (self.started_at - self.slot).total_seconds()
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    job_key: str
+    scheduled: bool
+    schedule: str | None
+    timezone: str | None
+    ttl: dt.timedelta | None
+    paused: bool
+    paused_at: dt.datetime | None
+    next_slot: dt.datetime | None
+    running_slot: dt.datetime | None
+    running_token: int | None
+    trigger_at: dt.datetime | None
+    defined_by: str | None
+    defined_at: dt.datetime | None
+    revision: int | None
+    token: int | None
+    owner: uuid.UUID | None
+    lease_until: dt.datetime | None
+    held: bool
+    acquired_at: dt.datetime | None
+    fence_token: int | None
+    fenced_token: int | None
+    fenced_at: dt.datetime | None
+    result_token: int | None
+    result_written_at: dt.datetime | None
+    result_payload: str | None
+    now: dt.datetime
+
+    @property
+    def seconds_left(self) -> float | None:
+        if not self.held or self.lease_until is None:
+            return None
+        return max(0.0, (self.lease_until - self.now).total_seconds())
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRow:
+    job_key: str
+    owner: uuid.UUID
+    token: int
+    lease_until: dt.datetime
+    held: bool
+    seconds_left: float
+    ttl: dt.timedelta
+    acquired_at: dt.datetime
+    renewed_at: dt.datetime
+    scheduled: bool
+
+
+@dataclass(frozen=True, slots=True)
+class LeasePage:
+    rows: tuple[LeaseRow, ...]
+    total: int
+    page: int
+    pages: int
+    search: str | None
+    now: dt.datetime
+
+
+def _describe(key: str, cron: str | None, every: dt.timedelta | None, tz: str) -> str:
+    try:
+        return schedule_from_row(key, cron, every, tz).describe()
+    except Exception:  # a definition this version cannot parse still gets listed
+        return cron or str(every)
+
+
+class Reader:
+    """The dashboard's database access. The pool opens on first use (so the app can be
+    mounted without lifespan events) and closes with :meth:`close`."""
+
+    def __init__(self, conninfo: str, schema: str, *, max_size: int = 4) -> None:
+        self.schema = schema
+        self._q = ui_queries(schema)
+        self._pool: AsyncConnectionPool[psycopg.AsyncConnection[tuple[Any, ...]]] | None = None
+        self._conninfo = conninfo
+        self._max_size = max_size
+        self._lock = asyncio.Lock()
+
+    async def _open(self) -> AsyncConnectionPool[psycopg.AsyncConnection[tuple[Any, ...]]]:
+        async with self._lock:
+            if self._pool is None:
+                pool: AsyncConnectionPool[psycopg.AsyncConnection[tuple[Any, ...]]] = (
+                    AsyncConnectionPool(
+                        self._conninfo,
+                        min_size=1,
+                        max_size=self._max_size,
+                        kwargs={
+                            **CONNECTION_KWARGS,
+                            "application_name": "tenure ui",
+                            "prepare_threshold": None,
+                        },
+                        open=False,
+                        name="tenure-ui",
+                        timeout=STATEMENT_TIMEOUT,
+                    )
+                )
+                await pool.open()
+                self._pool = pool
+            return self._pool
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    @asynccontextmanager
+    async def _session(self) -> AsyncIterator[psycopg.AsyncConnection[tuple[Any, ...]]]:
+        pool = await self._open()
+        try:
+            async with pool.connection() as conn, conn.transaction():
+                await conn.execute(b"SET TRANSACTION READ ONLY")
+                await conn.execute(
+                    b"SELECT set_config('statement_timeout', %s, true)",
+                    (f"{round(STATEMENT_TIMEOUT * 1000)}ms",),
+                )
+                yield conn
+        except psycopg.OperationalError as exc:
+            raise DatabaseUnavailable(
+                f"the dashboard cannot read the database: {' '.join(str(exc).split())}"
+            ) from exc
+        except PoolTimeout as exc:
+            raise DatabaseUnavailable(
+                "the dashboard cannot get a database connection (pool timeout)"
+            ) from exc
+
+    async def _all(
+        self, conn: psycopg.AsyncConnection[Any], name: str, params: dict[str, Any] | None = None
+    ) -> list[tuple[Any, ...]]:
+        cur = await conn.execute(self._q[name], params or {})
+        return await cur.fetchall()
+
+    async def overview(self, window: str = "15m", seconds: int = 900) -> Overview:
+        interval = dt.timedelta(seconds=seconds)
+        async with self._session() as conn:
+            [(now,)] = await self._all(conn, "ui_clock")
+            [(total, paused, running, failing, overdue)] = await self._all(conn, "ui_overview_jobs")
+            [(leases, held)] = await self._all(conn, "ui_overview_leases")
+            [(stale, lost, failed, runs)] = await self._all(
+                conn, "ui_overview_events", {"window": interval}
+            )
+            incidents = await self._all(conn, "ui_overview_incidents", {"window": interval})
+            topics = await self._all(conn, "ui_outbox_topics")
+        return Overview(
+            now=now,
+            jobs_total=total,
+            paused=paused,
+            running=running,
+            failing=failing,
+            overdue=overdue,
+            idle=max(0, total - paused - running - failing),
+            leases_total=leases,
+            leases_held=held,
+            stale=stale,
+            lost=lost,
+            failed=failed,
+            runs=runs,
+            window=window,
+            incidents=tuple(Incident(*row) for row in incidents),
+            topics=tuple(Topic(*row) for row in topics),
+        )
+
+    async def jobs(
+        self,
+        *,
+        state: str = "all",
+        sort: str = "key",
+        desc: bool = False,
+        search: str | None = None,
+        page: int = 1,
+    ) -> JobPage:
+        name = (
+            "ui_jobs_by_last"
+            if state in ("failing", "idle") or sort == "last"
+            else ("ui_jobs_page")
+        )
+        params = {
+            "state": state,
+            "sort": sort,
+            "desc": desc,
+            "search": search or None,
+            "limit": PAGE_SIZE,
+            "offset": (page - 1) * PAGE_SIZE,
+        }
+        async with self._session() as conn:
+            rows = await self._all(conn, name, params)
+        total = rows[0][14] if rows else 0
+        out = tuple(
+            JobRow(
+                key,
+                _describe(key, cron, every, tz),
+                tz,
+                paused,
+                next_slot,
+                running_slot is not None,
+                triggered,
+                token,
+                until,
+                held,
+                outcome,
+                last_at,
+                last_token,
+                now,
+            )
+            for (
+                key,
+                cron,
+                every,
+                tz,
+                paused,
+                next_slot,
+                running_slot,
+                triggered,
+                token,
+                until,
+                held,
+                outcome,
+                last_at,
+                last_token,
+                _total,
+                now,
+            ) in rows
+        )
+        pages = max(1, math.ceil(total / PAGE_SIZE))
+        return JobPage(out, total, page, pages, state, sort, desc, search)
+
+    async def job(self, job_key: str) -> Job | None:
+        async with self._session() as conn:
+            rows = await self._all(conn, "ui_job", {"job_key": job_key})
+        if not rows:
+            return None
+        r = rows[0]
+        schedule = None
+        if r[26]:
+            schedule = _describe(r[0], r[1], r[2], r[3])
+        return Job(
+            job_key=r[0],
+            scheduled=r[26],
+            schedule=schedule,
+            timezone=r[3],
+            ttl=r[4],
+            paused=bool(r[5]),
+            paused_at=r[6],
+            next_slot=r[7],
+            running_slot=r[8],
+            running_token=r[9],
+            trigger_at=r[10],
+            defined_by=r[11],
+            defined_at=r[12],
+            revision=r[13],
+            token=r[14],
+            owner=r[15],
+            lease_until=r[16],
+            held=r[17],
+            acquired_at=r[18],
+            fence_token=r[19],
+            fenced_token=r[20],
+            fenced_at=r[21],
+            result_token=r[22],
+            result_written_at=r[23],
+            result_payload=r[24],
+            now=r[27],
+        )
+
+    async def timeline(
+        self, job_key: str, since: dt.datetime, *, history: int = 50
+    ) -> tuple[tuple[Run, ...], tuple[Run, ...]]:
+        """The runs in the window (oldest first) and the newest ``history`` runs."""
+        async with self._session() as conn:
+            window = await self._all(
+                conn,
+                "ui_timeline",
+                {"job_key": job_key, "since": since, "limit": TIMELINE_LIMIT},
+            )
+            newest = await self._all(conn, "ui_history", {"job_key": job_key, "limit": history})
+        return tuple(Run(*row) for row in window), tuple(Run(*row) for row in newest)
+
+    async def leases(self, *, search: str | None = None, page: int = 1) -> LeasePage:
+        params = {
+            "search": search or None,
+            "limit": PAGE_SIZE * 4,
+            "offset": (page - 1) * PAGE_SIZE * 4,
+        }
+        async with self._session() as conn:
+            rows = await self._all(conn, "ui_leases", params)
+            [(now,)] = await self._all(conn, "ui_clock")
+        total = rows[0][10] if rows else 0
+        out = tuple(LeaseRow(*row[:10]) for row in rows)
+        pages = max(1, math.ceil(total / (PAGE_SIZE * 4)))
+        return LeasePage(out, total, page, pages, search, now)
+
+    async def outbox(
+        self, *, dead_limit: int = 100
+    ) -> tuple[tuple[Topic, ...], tuple[DeadMessage, ...], dt.datetime]:
+        async with self._session() as conn:
+            topics = await self._all(conn, "ui_outbox_topics")
+            dead = await self._all(conn, "ui_outbox_dead", {"limit": dead_limit})
+            [(now,)] = await self._all(conn, "ui_clock")
+        return (
+            tuple(Topic(*row) for row in topics),
+            tuple(DeadMessage(*row) for row in dead),
+            now,
+        )

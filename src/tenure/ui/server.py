@@ -1,0 +1,68 @@
+"""Serve the dashboard standalone (``tenure ui``) with uvicorn."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+
+from ..errors import ConfigurationError
+from .app import Dashboard
+
+log = logging.getLogger("tenure.ui")
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8484
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket (bound here, so that ``port=0`` can report the port it got)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigurationError(
+            f"cannot serve the dashboard on {host}:{port}: {exc.strerror or exc}; choose "
+            "another --port (0: any free port) or --host"
+        ) from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}/"
+
+
+def serve(dashboard: Dashboard, sock: socket.socket) -> None:
+    """Serve until SIGINT/SIGTERM (uvicorn's handlers), then close the dashboard's pools."""
+    try:
+        import uvicorn
+    except ImportError:  # pragma: no cover - depends on the environment
+        raise ConfigurationError(
+            "serving the dashboard needs uvicorn: pip install 'tenure[ui]'"
+        ) from None
+    config = uvicorn.Config(
+        dashboard.app,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        # Open event streams never end by themselves: give them a moment, then close.
+        timeout_graceful_shutdown=2,
+        proxy_headers=False,
+    )
+    uvicorn.Server(config).run(sockets=[sock])

@@ -1,0 +1,230 @@
+-- Named queries of the web dashboard (tenure.ui). Read-only; each runs in a READ ONLY
+-- transaction with a statement timeout. Every time is the database clock.
+-- {schema} is substituted as an identifier. Sort keys and filters are parameters compared
+-- in CASE expressions: no SQL text is ever built from a request.
+
+-- name: ui_clock
+SELECT clock_timestamp();
+
+-- name: ui_overview_jobs
+-- Jobs by state. "running": a run is in progress (or unfinished: its holder died and the
+-- slot waits for a retry). "failing": the newest finished run failed. "overdue": not paused,
+-- nothing running or triggered, and its next slot passed more than a minute ago: no worker
+-- is claiming it (none runs, or none has its function).
+WITH clock AS MATERIALIZED (
+    SELECT clock_timestamp() AS now
+)
+SELECT count(*) AS total,
+       count(*) FILTER (WHERE j.paused) AS paused,
+       count(*) FILTER (WHERE NOT j.paused AND j.running_slot IS NOT NULL) AS running,
+       count(*) FILTER (WHERE NOT j.paused AND last.outcome = 'failed') AS failing,
+       count(*) FILTER (WHERE NOT j.paused AND j.running_slot IS NULL AND j.trigger_at IS NULL
+                          AND j.next_slot < c.now - interval '1 minute') AS overdue
+FROM {schema}.scheduled_jobs AS j
+CROSS JOIN clock AS c
+LEFT JOIN LATERAL (
+    SELECT r.outcome
+    FROM {schema}.job_runs AS r
+    WHERE r.job_key = j.job_key AND r.outcome NOT IN ('running', 'misfire_skipped')
+    ORDER BY r.run_id DESC
+    LIMIT 1
+) AS last ON true;
+
+-- name: ui_overview_leases
+SELECT count(*) AS total,
+       count(*) FILTER (WHERE lease_until >= clock_timestamp()) AS held
+FROM {schema}.job_leases;
+
+-- name: ui_overview_events
+-- Run outcomes recorded in the window (a run's row is recorded when it starts; indexed).
+SELECT count(*) FILTER (WHERE outcome = 'stale_rejected') AS stale,
+       count(*) FILTER (WHERE outcome = 'lease_lost') AS lost,
+       count(*) FILTER (WHERE outcome = 'failed') AS failed,
+       count(*) FILTER (WHERE started_at IS NOT NULL) AS runs
+FROM {schema}.job_runs
+WHERE recorded_at >= clock_timestamp() - %(window)s::interval;
+
+-- name: ui_overview_incidents
+-- The newest stale rejections, lost leases and failures in the window, for the overview.
+SELECT job_key, token, outcome, coalesce(finished_at, recorded_at) AS at, worker_id, error
+FROM {schema}.job_runs
+WHERE recorded_at >= clock_timestamp() - %(window)s::interval
+  AND outcome IN ('stale_rejected', 'lease_lost', 'failed')
+ORDER BY recorded_at DESC
+LIMIT 20;
+
+-- name: ui_outbox_topics
+-- Per topic: pending (including those backing off), dead, oldest pending age.
+SELECT topic,
+       count(*) FILTER (WHERE state = 'pending') AS pending,
+       count(*) FILTER (WHERE state = 'dead') AS dead,
+       extract(epoch FROM clock_timestamp()
+                          - min(created_at) FILTER (WHERE state = 'pending'))::float8
+           AS oldest_pending_age
+FROM {schema}.outbox
+WHERE state IN ('pending', 'dead')
+GROUP BY topic
+ORDER BY topic;
+
+-- name: ui_outbox_dead
+SELECT id, topic, key, attempts, last_error, last_attempt_at, created_at, job_key, token
+FROM {schema}.outbox
+WHERE state = 'dead'
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: ui_jobs_page
+-- One page of jobs, filtered and sorted on scheduled_jobs' own columns (no per-job history
+-- lookup before the LIMIT: with 10,000 jobs, only the page's rows read their last run).
+-- %(state)s: 'all', 'paused' or 'running' here ('failing'/'idle' use ui_jobs_by_last).
+WITH clock AS MATERIALIZED (
+    SELECT clock_timestamp() AS now
+), page AS (
+    SELECT j.*, count(*) OVER () AS total
+    FROM {schema}.scheduled_jobs AS j
+    WHERE (%(search)s::text IS NULL OR strpos(lower(j.job_key), lower(%(search)s::text)) > 0)
+      AND (%(state)s::text = 'all'
+           OR (%(state)s::text = 'paused' AND j.paused)
+           OR (%(state)s::text = 'running' AND NOT j.paused AND j.running_slot IS NOT NULL))
+    ORDER BY
+        CASE WHEN %(sort)s::text = 'next' AND %(desc)s::boolean THEN j.next_slot END DESC,
+        CASE WHEN %(sort)s::text = 'next' AND NOT %(desc)s::boolean THEN j.next_slot END,
+        CASE WHEN %(desc)s::boolean THEN j.job_key END DESC,
+        j.job_key
+    LIMIT %(limit)s OFFSET %(offset)s
+)
+SELECT p.job_key, p.cron, p.every, p.timezone, p.paused, p.next_slot, p.running_slot,
+       p.trigger_at IS NOT NULL AS triggered, l.fencing_token, l.lease_until,
+       coalesce(l.lease_until >= c.now, false) AS held,
+       last.outcome, last.finished_at, last.token, p.total, c.now
+FROM page AS p
+CROSS JOIN clock AS c
+LEFT JOIN {schema}.job_leases AS l ON l.job_key = p.job_key
+LEFT JOIN LATERAL (
+    SELECT r.outcome, coalesce(r.finished_at, r.recorded_at) AS finished_at, r.token
+    FROM {schema}.job_runs AS r
+    WHERE r.job_key = p.job_key AND r.outcome NOT IN ('running', 'misfire_skipped')
+    ORDER BY r.run_id DESC
+    LIMIT 1
+) AS last ON true
+ORDER BY
+    CASE WHEN %(sort)s::text = 'next' AND %(desc)s::boolean THEN p.next_slot END DESC,
+    CASE WHEN %(sort)s::text = 'next' AND NOT %(desc)s::boolean THEN p.next_slot END,
+    CASE WHEN %(desc)s::boolean THEN p.job_key END DESC,
+    p.job_key;
+
+-- name: ui_jobs_by_last
+-- One page of jobs when the filter or the sort needs every job's last run (state 'failing'
+-- or 'idle', sort 'last'): one backward index step per job on job_runs_history.
+WITH clock AS MATERIALIZED (
+    SELECT clock_timestamp() AS now
+), base AS (
+    SELECT j.job_key, j.cron, j.every, j.timezone, j.paused, j.next_slot, j.running_slot,
+           j.trigger_at IS NOT NULL AS triggered, last.outcome, last.finished_at, last.token
+    FROM {schema}.scheduled_jobs AS j
+    LEFT JOIN LATERAL (
+        SELECT r.outcome, coalesce(r.finished_at, r.recorded_at) AS finished_at, r.token
+        FROM {schema}.job_runs AS r
+        WHERE r.job_key = j.job_key AND r.outcome NOT IN ('running', 'misfire_skipped')
+        ORDER BY r.run_id DESC
+        LIMIT 1
+    ) AS last ON true
+    WHERE (%(search)s::text IS NULL OR strpos(lower(j.job_key), lower(%(search)s::text)) > 0)
+), page AS (
+    SELECT b.*, count(*) OVER () AS total
+    FROM base AS b
+    WHERE %(state)s::text = 'all'
+       OR (%(state)s::text = 'paused' AND b.paused)
+       OR (%(state)s::text = 'running' AND NOT b.paused AND b.running_slot IS NOT NULL)
+       OR (%(state)s::text = 'failing' AND NOT b.paused AND b.outcome = 'failed')
+       OR (%(state)s::text = 'idle' AND NOT b.paused AND b.running_slot IS NULL
+           AND b.outcome IS DISTINCT FROM 'failed')
+    ORDER BY
+        CASE WHEN %(sort)s::text = 'last' AND %(desc)s::boolean THEN b.finished_at END
+            DESC NULLS LAST,
+        CASE WHEN %(sort)s::text = 'last' AND NOT %(desc)s::boolean THEN b.finished_at END,
+        CASE WHEN %(sort)s::text = 'next' AND %(desc)s::boolean THEN b.next_slot END DESC,
+        CASE WHEN %(sort)s::text = 'next' AND NOT %(desc)s::boolean THEN b.next_slot END,
+        CASE WHEN %(desc)s::boolean THEN b.job_key END DESC,
+        b.job_key
+    LIMIT %(limit)s OFFSET %(offset)s
+)
+SELECT p.job_key, p.cron, p.every, p.timezone, p.paused, p.next_slot, p.running_slot,
+       p.triggered, l.fencing_token, l.lease_until,
+       coalesce(l.lease_until >= c.now, false) AS held,
+       p.outcome, p.finished_at, p.token, p.total, c.now
+FROM page AS p
+CROSS JOIN clock AS c
+LEFT JOIN {schema}.job_leases AS l ON l.job_key = p.job_key
+ORDER BY
+    CASE WHEN %(sort)s::text = 'last' AND %(desc)s::boolean THEN p.finished_at END
+        DESC NULLS LAST,
+    CASE WHEN %(sort)s::text = 'last' AND NOT %(desc)s::boolean THEN p.finished_at END,
+    CASE WHEN %(sort)s::text = 'next' AND %(desc)s::boolean THEN p.next_slot END DESC,
+    CASE WHEN %(sort)s::text = 'next' AND NOT %(desc)s::boolean THEN p.next_slot END,
+    CASE WHEN %(desc)s::boolean THEN p.job_key END DESC,
+    p.job_key;
+
+-- name: ui_job
+-- One key: its schedule (if scheduled), lease, fence row and stored result. Any key with a
+-- lease or a schedule has a page (also leases taken by `tenure exec` or the library).
+WITH clock AS MATERIALIZED (
+    SELECT clock_timestamp() AS now
+)
+SELECT k.job_key, j.cron, j.every, j.timezone, j.ttl, j.paused, j.paused_at, j.next_slot,
+       j.running_slot, j.running_token, j.trigger_at, j.defined_by, j.defined_at, j.revision,
+       l.fencing_token, l.lease_owner, l.lease_until,
+       coalesce(l.lease_until >= c.now, false) AS held, l.acquired_at,
+       s.token AS fence_token, s.fenced_token, s.fenced_at,
+       res.applied_fencing_token, res.written_at, res.payload::text,
+       j.job_key IS NOT NULL AS scheduled, c.now
+FROM (SELECT %(job_key)s::text AS job_key) AS k
+CROSS JOIN clock AS c
+LEFT JOIN {schema}.scheduled_jobs AS j ON j.job_key = k.job_key
+LEFT JOIN {schema}.job_leases AS l ON l.job_key = k.job_key
+LEFT JOIN {schema}.job_state AS s ON s.job_key = k.job_key
+LEFT JOIN {schema}.report_results AS res ON res.job_key = k.job_key
+WHERE j.job_key IS NOT NULL OR l.job_key IS NOT NULL OR res.job_key IS NOT NULL;
+
+-- name: ui_timeline
+-- The runs of one job in the window, newest first, at most %(limit)s (job_runs_timeline), and
+-- the run in progress whenever it started (scheduled_jobs.running_token, job_runs_run).
+(SELECT run_id, slot, kind, attempt, token, worker_id, host, pid, started_at, finished_at,
+        outcome, error, recorded_at
+ FROM {schema}.job_runs
+ WHERE job_key = %(job_key)s AND recorded_at >= %(since)s
+ ORDER BY recorded_at DESC
+ LIMIT %(limit)s)
+UNION
+(SELECT r.run_id, r.slot, r.kind, r.attempt, r.token, r.worker_id, r.host, r.pid,
+        r.started_at, r.finished_at, r.outcome, r.error, r.recorded_at
+ FROM {schema}.scheduled_jobs AS j
+ JOIN {schema}.job_runs AS r
+   ON r.job_key = j.job_key AND r.token = j.running_token AND r.started_at IS NOT NULL
+ WHERE j.job_key = %(job_key)s)
+ORDER BY run_id;
+
+-- name: ui_history
+SELECT run_id, slot, kind, attempt, token, worker_id, host, pid, started_at, finished_at,
+       outcome, error, recorded_at
+FROM {schema}.job_runs
+WHERE job_key = %(job_key)s
+ORDER BY run_id DESC
+LIMIT %(limit)s;
+
+-- name: ui_leases
+-- Every lease (scheduler, `tenure exec` or the library), live ones first.
+WITH clock AS MATERIALIZED (
+    SELECT clock_timestamp() AS now
+)
+SELECT l.job_key, l.lease_owner, l.fencing_token, l.lease_until,
+       l.lease_until >= c.now AS held,
+       extract(epoch FROM l.lease_until - c.now)::float8 AS seconds_left,
+       l.lease_ttl, l.acquired_at, l.renewed_at, j.job_key IS NOT NULL AS scheduled,
+       count(*) OVER () AS total, c.now
+FROM {schema}.job_leases AS l
+CROSS JOIN clock AS c
+LEFT JOIN {schema}.scheduled_jobs AS j ON j.job_key = l.job_key
+WHERE %(search)s::text IS NULL OR strpos(lower(l.job_key), lower(%(search)s::text)) > 0
+ORDER BY (l.lease_until >= c.now) DESC, l.job_key
+LIMIT %(limit)s OFFSET %(offset)s;

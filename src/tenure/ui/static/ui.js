@@ -1,0 +1,113 @@
+// tenure dashboard: local times, lease countdowns, live reload of the page's content.
+// Hand-written, no build step, no dependency. Works without it (times stay in UTC).
+(function () {
+  "use strict";
+  var body = document.body;
+  var base = body.dataset.base || "";
+  var keys = [];
+  try { keys = JSON.parse(body.dataset.liveKeys || "[]"); } catch (e) { keys = []; }
+  var loadedAt = Date.now();
+  var refreshes = 0;
+
+  function pad(n) { return (n < 10 ? "0" : "") + n; }
+  function localText(d, withDate) {
+    var t = pad(d.getHours()) + ":" + pad(d.getMinutes()) + ":" + pad(d.getSeconds());
+    if (!withDate) { return t; }
+    return d.getFullYear() + "-" + pad(d.getMonth() + 1) + "-" + pad(d.getDate()) + " " + t;
+  }
+
+  // Times: shown in the browser's zone, UTC on hover (the title keeps the UTC text).
+  function localTimes(root) {
+    root.querySelectorAll("time[datetime]").forEach(function (el) {
+      var d = new Date(el.getAttribute("datetime"));
+      if (!isNaN(d)) { el.textContent = localText(d, true); }
+    });
+    root.querySelectorAll("svg.timeline text.tick[data-t]").forEach(function (el) {
+      var d = new Date(el.getAttribute("data-t"));
+      var step = Number(el.getAttribute("data-step"));
+      if (isNaN(d)) { return; }
+      if (step >= 86400) {
+        el.textContent = d.toLocaleDateString(undefined, { month: "short", day: "numeric" });
+      } else {
+        var t = localText(d, false);
+        el.textContent = step >= 60 ? t.slice(0, 5) : t;
+      }
+    });
+  }
+
+  // Lease countdowns, from the seconds left when the page was rendered.
+  function tick() {
+    var gone = (Date.now() - loadedAt) / 1000;
+    document.querySelectorAll(".countdown[data-left]").forEach(function (el) {
+      var left = Number(el.getAttribute("data-left")) - gone;
+      el.textContent = left > 0 ? left.toFixed(1) + "s left" : "expired";
+      el.classList.toggle("expired", left <= 0);
+    });
+  }
+
+  function setLive(state, text) {
+    var el = document.getElementById("live");
+    if (el) { el.dataset.state = state; el.textContent = text; }
+    body.dataset.live = state;
+  }
+
+  // Reload the page's content in place (no navigation, focus and scroll kept).
+  var inflight = false, again = false;
+  function refresh() {
+    if (inflight) { again = true; return; }
+    inflight = true;
+    fetch(window.location.href, { headers: { "X-Tenure-Refresh": "1" }, credentials: "same-origin" })
+      .then(function (r) { return r.ok ? r.text() : Promise.reject(r.status); })
+      .then(function (html) {
+        var doc = new DOMParser().parseFromString(html, "text/html");
+        var fresh = doc.getElementById("content");
+        var main = document.getElementById("content");
+        if (fresh && main) {
+          var active = document.activeElement && document.activeElement.id;
+          main.innerHTML = fresh.innerHTML;
+          loadedAt = Date.now();
+          localTimes(main);
+          if (active) { var el = document.getElementById(active); if (el) { el.focus(); } }
+        }
+        refreshes += 1;
+        body.dataset.refreshes = String(refreshes);
+      })
+      .catch(function () { /* the next event or poll tries again */ })
+      .then(function () {
+        inflight = false;
+        if (again) { again = false; refresh(); }
+      });
+  }
+
+  var poller = null;
+  function poll() {
+    if (poller === null) {
+      setLive("polling", "polling every 5s");
+      poller = window.setInterval(refresh, 5000);
+    }
+  }
+
+  function listen() {
+    if (!window.EventSource) { poll(); return; }
+    var url = base + "/events" + (keys.length ? "?" + keys.map(function (k) {
+      return "key=" + encodeURIComponent(k);
+    }).join("&") : "");
+    var source = new EventSource(url);
+    var failures = 0;
+    source.onopen = function () {
+      failures = 0;
+      if (poller !== null) { window.clearInterval(poller); poller = null; }
+      setLive("live", "live");
+    };
+    source.onmessage = function () { refresh(); };
+    source.onerror = function () {
+      failures += 1;
+      if (source.readyState === EventSource.CLOSED || failures >= 3) { poll(); }
+      else { setLive("reconnecting", "reconnecting…"); }
+    };
+  }
+
+  localTimes(document);
+  window.setInterval(tick, 250);
+  listen();
+})();

@@ -1,0 +1,288 @@
+"""The lease timeline of one job, drawn on the server as SVG: one bar per run along time,
+labelled with its token and worker, coloured by outcome and also marked by a glyph and a
+pattern (colour is never the only carrier); takeovers, lost leases and refused (stale-token)
+writes marked where they happened; each run's slot drawn so that lateness shows.
+
+A run that was overtaken (its lease expired and a successor took the slot with a higher
+token) is drawn solid up to the takeover and hatched after it: from then on it ran without
+its lease, and whatever it tried to write with its token was refused.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from dataclasses import dataclass
+from html import escape
+
+from .data import Run
+
+WIDTH = 1000
+LEFT = 10
+RIGHT = 10
+LANE = 34
+TOP = 26
+AXIS = 28
+MAX_LANES = 6
+
+GLYPH = {
+    "succeeded": "✓",
+    "failed": "✗",
+    "lease_lost": "⚠",
+    "stale_rejected": "⊘",
+    "running": "▶",
+    "cancelled": "○",
+    "abandoned": "◇",
+    "misfire_skipped": "◇",
+}
+LABEL = {
+    "succeeded": "succeeded",
+    "failed": "failed",
+    "lease_lost": "lease lost",
+    "stale_rejected": "write refused (stale token)",
+    "running": "running",
+    "cancelled": "cancelled (handed over)",
+    "abandoned": "abandoned",
+    "misfire_skipped": "skipped (misfire)",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Marker:
+    kind: str  # takeover | refused | lost
+    at: dt.datetime
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Timeline:
+    svg: str
+    markers: tuple[Marker, ...]
+    runs: int
+
+
+def _iso(t: dt.datetime) -> str:
+    return t.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
+
+
+def _utc(t: dt.datetime) -> str:
+    return t.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _tick_step(span: float) -> float:
+    for step in (1, 5, 10, 30, 60, 300, 600, 1800, 3600, 3 * 3600, 6 * 3600, 86400, 7 * 86400):
+        if span / step <= 8:
+            return float(step)
+    return 28 * 86400.0
+
+
+def _tick_label(t: dt.datetime, step: float) -> str:
+    t = t.astimezone(dt.UTC)
+    if step >= 86400:
+        return t.strftime("%b %d")
+    if step >= 60:
+        return t.strftime("%H:%M")
+    return t.strftime("%H:%M:%S")
+
+
+def markers_of(runs: Sequence[Run]) -> list[Marker]:
+    """Takeovers (a run started with a higher token while a lower one had not ended cleanly),
+    refused writes and lost leases, in time order."""
+    out: list[Marker] = []
+    started = [r for r in runs if r.started_at is not None]
+    for i, run in enumerate(started):
+        assert run.started_at is not None
+        prior = [
+            p
+            for p in started[:i]
+            if p.token < run.token
+            and p.outcome in ("lease_lost", "stale_rejected", "running", "cancelled")
+            and p.slot == run.slot
+        ]
+        if prior:
+            before = max(prior, key=lambda p: p.token)
+            out.append(
+                Marker(
+                    "takeover",
+                    run.started_at,
+                    f"takeover: token {before.token} ({before.worker}) → token {run.token} "
+                    f"({run.worker})",
+                )
+            )
+        end = run.finished_at
+        if end is None:
+            continue
+        if run.outcome == "stale_rejected":
+            newer = [r.token for r in started if r.token > run.token]
+            accepted = f"; token {min(newer)} had taken over" if newer else ""
+            out.append(
+                Marker("refused", end, f"write refused: token {run.token} is stale{accepted}")
+            )
+        elif run.outcome == "lease_lost":
+            out.append(Marker("lost", end, f"lease lost: token {run.token} ({run.worker})"))
+    out.sort(key=lambda m: m.at)
+    return out
+
+
+def _successor_start(run: Run, runs: Sequence[Run]) -> dt.datetime | None:
+    if run.started_at is None or run.outcome not in ("lease_lost", "stale_rejected"):
+        return None
+    later = [
+        r.started_at
+        for r in runs
+        if r.started_at is not None and r.token > run.token and r.started_at >= run.started_at
+    ]
+    return min(later) if later else None
+
+
+def render(runs: Sequence[Run], *, since: dt.datetime, now: dt.datetime, job_key: str) -> Timeline:
+    span = max(1.0, (now - since).total_seconds())
+    inner = WIDTH - LEFT - RIGHT
+
+    def x(t: dt.datetime) -> float:
+        offset = (t - since).total_seconds()
+        return LEFT + max(0.0, min(1.0, offset / span)) * inner
+
+    # Lanes: overlapping runs (a stalled holder and its successor) go on separate lanes.
+    lanes: list[dt.datetime] = []
+    placed: list[tuple[Run, int, dt.datetime, dt.datetime]] = []
+    for run in sorted(runs, key=lambda r: (r.started_at or r.slot, r.run_id)):
+        start = run.started_at or run.slot
+        end = run.finished_at or (now if run.outcome == "running" else start)
+        lane = next((i for i, free in enumerate(lanes) if free <= start), None)
+        if lane is None:
+            if len(lanes) < MAX_LANES:
+                lanes.append(end)
+                lane = len(lanes) - 1
+            else:
+                lane = min(range(len(lanes)), key=lambda i: lanes[i])
+        lanes[lane] = max(lanes[lane], end)
+        placed.append((run, lane, start, end))
+    lane_count = max(1, len(lanes))
+    height = TOP + lane_count * LANE + AXIS
+    markers = markers_of(runs)
+
+    parts: list[str] = []
+    takeovers = sum(1 for m in markers if m.kind == "takeover")
+    refused = sum(1 for m in markers if m.kind == "refused")
+    tokens = sorted({r.token for r in runs if r.started_at is not None})
+    summary = (
+        f"{len(runs)} run(s) of {job_key} between {_utc(since)} and {_utc(now)}"
+        + (f"; tokens {tokens[0]} to {tokens[-1]}" if tokens else "")
+        + f"; {takeovers} takeover(s); {refused} refused write(s)"
+    )
+    parts.append(
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="timeline" viewBox="0 0 {WIDTH} '
+        f'{height}" role="img" aria-labelledby="tl-title tl-desc" '
+        f'data-since="{_iso(since)}" data-now="{_iso(now)}">'
+        f'<title id="tl-title">Lease timeline of {escape(job_key)}</title>'
+        f'<desc id="tl-desc">{escape(summary)}</desc>'
+        "<defs>"
+        '<pattern id="hatch" width="6" height="6" patternUnits="userSpaceOnUse" '
+        'patternTransform="rotate(45)"><rect width="6" height="6" class="hatch-bg"/>'
+        '<line x1="0" y1="0" x2="0" y2="6" class="hatch-line"/></pattern>'
+        "</defs>"
+    )
+    # Axis ticks (UTC labels; the page script relabels them in the browser's time zone).
+    step = _tick_step(span)
+    first = since.timestamp() - since.timestamp() % step + step
+    t = first
+    while t < now.timestamp():
+        at = dt.datetime.fromtimestamp(t, dt.UTC)
+        px = x(at)
+        parts.append(
+            f'<line class="grid" x1="{px:.1f}" y1="{TOP - 6}" x2="{px:.1f}" '
+            f'y2="{height - AXIS + 4}"/>'
+            f'<text class="tick" x="{px:.1f}" y="{height - 8}" text-anchor="middle" '
+            f'data-t="{_iso(at)}" data-step="{int(step)}">{_tick_label(at, step)}</text>'
+        )
+        t += step
+    for run, lane, start, end in placed:
+        y = TOP + lane * LANE
+        x0, x1 = x(start), x(end)
+        w = max(3.0, x1 - x0)
+        glyph = GLYPH.get(run.outcome, "?")
+        what = LABEL.get(run.outcome, run.outcome)
+        late = run.lateness
+        tip = [
+            f"token {run.token} · {what}",
+            f"worker {run.worker} (host {run.host}, pid {run.pid})",
+            f"slot {_utc(run.slot)} · {run.kind} attempt {run.attempt}",
+        ]
+        if run.started_at is not None:
+            tip.append(f"started {_utc(run.started_at)}")
+        if run.finished_at is not None:
+            tip.append(f"ended {_utc(run.finished_at)}")
+        if late is not None:
+            tip.append(f"late by {late:.3f}s")
+        if run.error:
+            tip.append(run.error[:300])
+        title = escape("\n".join(tip))
+        cls = f"run o-{run.outcome}"
+        attrs = (
+            f'data-token="{run.token}" data-outcome="{escape(run.outcome)}" '
+            f'data-worker="{escape(run.worker)}" tabindex="0"'
+        )
+        if run.started_at is None:
+            # A slot skipped without running: a diamond at the slot.
+            cx, cy = x(run.slot), y + 12
+            parts.append(
+                f'<g class="{cls}" {attrs}><title>{title}</title>'
+                f'<path d="M{cx:.1f} {cy - 6} l6 6 l-6 6 l-6 -6 z"/></g>'
+            )
+            continue
+        handover = _successor_start(run, runs)
+        parts.append(f'<g class="{cls}" {attrs}><title>{title}</title>')
+        if handover is not None and start <= handover < end:
+            xh = x(handover)
+            parts.append(
+                f'<rect class="bar" x="{x0:.1f}" y="{y}" width="{max(1.0, xh - x0):.1f}" '
+                f'height="24" rx="3"/>'
+                f'<rect class="bar overtaken" x="{xh:.1f}" y="{y}" '
+                f'width="{max(2.0, x1 - xh):.1f}" height="24" rx="3" fill="url(#hatch)"/>'
+            )
+        else:
+            parts.append(
+                f'<rect class="bar" x="{x0:.1f}" y="{y}" width="{w:.1f}" height="24" rx="3"/>'
+            )
+        if late is not None and late > 0.5:
+            # The slot it was due at, joined to its start: lateness made visible.
+            xs = x(run.slot)
+            parts.append(
+                f'<line class="late" x1="{xs:.1f}" y1="{y + 12}" x2="{x0:.1f}" y2="{y + 12}"/>'
+                f'<circle class="slot" cx="{xs:.1f}" cy="{y + 12}" r="2.5"/>'
+            )
+        label = f"{glyph} #{run.token} {run.worker}"
+        if w >= 70:
+            parts.append(
+                f'<text class="label" x="{x0 + 4:.1f}" y="{y + 16}">{escape(label[: int(w / 7)])}'
+                "</text>"
+            )
+        else:
+            parts.append(
+                f'<text class="label outside" x="{x0 + w + 2:.1f}" y="{y + 16}">{glyph}'
+                f"{run.token}</text>"
+            )
+        parts.append("</g>")
+    for m in markers:
+        px = x(m.at)
+        text = escape(m.text)
+        if m.kind == "takeover":
+            parts.append(
+                f'<g class="marker takeover" tabindex="0"><title>{text}</title>'
+                f'<line x1="{px:.1f}" y1="{TOP - 10}" x2="{px:.1f}" y2="{height - AXIS}"/>'
+                f'<text x="{px + 3:.1f}" y="{TOP - 12}">takeover</text></g>'
+            )
+        elif m.kind == "refused":
+            parts.append(
+                f'<g class="marker refused" tabindex="0"><title>{text}</title>'
+                f'<path d="M{px - 6:.1f} {TOP - 18} l12 12 m0 -12 l-12 12"/>'
+                f'<text x="{px + 8:.1f}" y="{TOP - 9}">refused</text></g>'
+            )
+        else:
+            parts.append(
+                f'<g class="marker lost" tabindex="0"><title>{text}</title>'
+                f'<path d="M{px:.1f} {TOP - 18} l6 10 l-12 0 z"/></g>'
+            )
+    parts.append("</svg>")
+    return Timeline("".join(parts), tuple(markers), len(runs))

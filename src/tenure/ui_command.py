@@ -1,0 +1,92 @@
+"""``tenure ui``: the web dashboard."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from .cli import _setup_logs, db_options, handle_errors
+
+CONTEXT: dict[str, Any] = {
+    "help_option_names": ["-h", "--help"],
+    "max_content_width": 100,
+    "show_default": True,
+}
+
+
+@click.command("ui", context_settings=CONTEXT)
+@db_options
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    envvar="TENURE_UI_HOST",
+    show_envvar=True,
+    help="Address to bind. Anything but loopback exposes the dashboard: set a --token.",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8484,
+    envvar="TENURE_UI_PORT",
+    show_envvar=True,
+    help="Port to listen on (0: any free port, printed).",
+)
+@click.option(
+    "--actions",
+    is_flag=True,
+    envvar="TENURE_UI_ACTIONS",
+    show_envvar=True,
+    help="Enable pause, resume, trigger, release, retry and purge buttons (needs --token). "
+    "[default: read-only]",
+)
+@click.option(
+    "--token",
+    default=None,
+    envvar="TENURE_UI_TOKEN",
+    show_envvar=True,
+    help="Credential every request must carry: the HTTP Basic password (any user name) or "
+    "'Authorization: Bearer TOKEN'. Prefer the environment variable (a flag shows in ps).",
+)
+@handle_errors
+def ui(
+    dsn: str | None,
+    schema: str,
+    log_level: str,
+    log_format: str,
+    host: str,
+    port: int,
+    actions: bool,
+    token: str | None,
+) -> None:
+    """Serve the web dashboard: jobs, leases, takeovers and refused writes, live.
+
+    \b
+    Pages: overview, jobs (sort, filter, search), a job's lease timeline and run history,
+    every lease, the outbox. Open pages update within a second of a change in the database
+    (LISTEN/NOTIFY, pushed as server-sent events). Read-only unless --actions (with --token).
+    Binds 127.0.0.1 by default. Needs the ui extra: pip install 'tenure[ui]'.
+    """
+    _setup_logs(log_level, log_format)
+    if actions and not token:
+        raise click.UsageError("--actions needs a credential: set --token or $TENURE_UI_TOKEN")
+    from .ui import Dashboard
+    from .ui.server import bind, is_loopback, serve, url_of
+
+    if not is_loopback(host) and not token:
+        click.echo(
+            f"tenure: warning: the dashboard is bound to {host} without a credential: anyone "
+            "who can reach it can read job keys, errors and results; set --token",
+            err=True,
+        )
+    dashboard = Dashboard(dsn, schema=schema, actions=actions, credential=token)
+    sock = bind(host, port)
+    mode = "actions enabled" if actions else "read-only"
+    click.echo(
+        f"tenure: dashboard on {url_of(sock)} ({mode}) for schema {schema!r} on {dashboard.where}",
+        err=True,
+    )
+    try:
+        serve(dashboard, sock)
+    finally:
+        sock.close()
