@@ -242,15 +242,22 @@ class Dashboard:
 
     async def job(self, request: Request) -> Response:
         key = request.query_params.get("key", "")
-        window = request.query_params.get("window", "1h")
-        seconds = dict(data.WINDOWS).get(window)
-        if seconds is None:
-            window, seconds = "1h", 3600
+        window = request.query_params.get("window", "fit")
         job = await self.reader.job(key) if key else None
         if job is None:
             return self._error(request, 404, f"no lease, schedule or result for key {key!r}")
+        seconds = dict(data.WINDOWS).get(window)
+        if seconds is None:
+            window, seconds = "fit", data.WINDOWS[-1][1]
         since = job.now - dt.timedelta(seconds=seconds)
         runs, history = await self.reader.timeline(key, since)
+        if window == "fit":
+            # The newest runs (those in the history table), with a margin on each side.
+            starts = [r.started_at or r.recorded_at for r in history]
+            first = min(starts, default=job.now - dt.timedelta(minutes=1))
+            margin = max(dt.timedelta(seconds=2), (job.now - first) / 20)
+            since = max(since, min(first - margin, job.now - dt.timedelta(seconds=10)))
+            runs = tuple(r for r in runs if (r.finished_at or job.now) >= since)
         timeline = render(runs, since=since, now=job.now, job_key=key)
         return self._page(
             request,
@@ -285,6 +292,8 @@ class Dashboard:
         changed. ``?key=K`` (repeatable) limits events to those keys."""
         wanted = set(request.query_params.getlist("key"))
         queue = self.broker.subscribe()
+        # Open the stream once LISTEN is in place: from then on no change is missed.
+        await self.broker.ready(5.0)
 
         async def stream() -> AsyncIterator[str]:
             try:

@@ -30,6 +30,8 @@ JOB_STATES = ("all", "running", "paused", "failing", "idle")
 JOB_SORTS = ("key", "next", "last")
 #: Zoom levels of the timeline (label, seconds).
 WINDOWS: tuple[tuple[str, int], ...] = (
+    ("1m", 60),
+    ("5m", 300),
     ("15m", 900),
     ("1h", 3600),
     ("6h", 6 * 3600),
@@ -425,11 +427,11 @@ class Reader:
             return None
         r = rows[0]
         schedule = None
-        if r[26]:
+        if r[25]:
             schedule = _describe(r[0], r[1], r[2], r[3])
         return Job(
             job_key=r[0],
-            scheduled=r[26],
+            scheduled=r[25],
             schedule=schedule,
             timezone=r[3],
             ttl=r[4],
@@ -453,7 +455,7 @@ class Reader:
             result_token=r[22],
             result_written_at=r[23],
             result_payload=r[24],
-            now=r[27],
+            now=r[26],
         )
 
     async def timeline(

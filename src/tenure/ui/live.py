@@ -59,6 +59,12 @@ class Broker:
     def unsubscribe(self, queue: asyncio.Queue[set[str]]) -> None:
         self._subscribers.discard(queue)
 
+    async def ready(self, timeout: float) -> None:
+        """Wait (up to ``timeout`` seconds) until LISTEN is in place."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self.listening.wait()
+
     async def close(self) -> None:
         task, self._task = self._task, None
         if task is not None:
@@ -75,6 +81,7 @@ class Broker:
             queue.put_nowait(keys)
 
     async def _listen(self) -> None:
+        reconnect = False
         while self._subscribers:
             try:
                 conn = await psycopg.AsyncConnection.connect(
@@ -85,12 +92,15 @@ class Broker:
                     for channel in self.channels:
                         await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
                     self.listening.set()
-                    self._publish({"*"})  # catch up with anything missed while not listening
+                    if reconnect:
+                        self._publish({"*"})  # catch up with what was missed while down
+                    reconnect = True
                     await self._pump(conn)
             except asyncio.CancelledError:
                 raise
             except psycopg.Error as exc:
                 self.listening.clear()
+                reconnect = True
                 log.warning(
                     "dashboard: listening for changes failed (%s); retrying in %.0fs",
                     " ".join(str(exc).split()),

@@ -93,15 +93,20 @@
       return "key=" + encodeURIComponent(k);
     }).join("&") : "");
     var source = new EventSource(url);
-    var failures = 0;
+    var failures = 0, broken = false;
     source.onopen = function () {
+      // Catch up with what changed while not connected (after an error, or when the page
+      // was rendered a while before its stream opened).
+      if (broken || Date.now() - loadedAt > 1500) { refresh(); }
       failures = 0;
+      broken = false;
       if (poller !== null) { window.clearInterval(poller); poller = null; }
       setLive("live", "live");
     };
     source.onmessage = function () { refresh(); };
     source.onerror = function () {
       failures += 1;
+      broken = true;
       if (source.readyState === EventSource.CLOSED || failures >= 3) { poll(); }
       else { setLive("reconnecting", "reconnecting…"); }
     };

@@ -1,0 +1,133 @@
+"""Helpers for the dashboard tests: the real `tenure ui` in a child process, a real Chromium
+(Debian's chromium + chromium-driver, driven by Selenium), plain HTTP requests."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from .conftest import ROOT, tenure_env
+
+CHROMIUM = os.environ.get("TENURE_TEST_CHROMIUM", "/usr/bin/chromium")
+CHROMEDRIVER = os.environ.get("TENURE_TEST_CHROMEDRIVER", "/usr/bin/chromedriver")
+
+
+@dataclass
+class UiServer:
+    url: str
+    proc: subprocess.Popen[str]
+    lines: list[str]
+
+    def log(self) -> str:
+        return "".join(self.lines)
+
+
+@contextmanager
+def ui_server(dsn: str, schema: str, *args: str, **env: str) -> Iterator[UiServer]:
+    """``python -m tenure ui --port 0 ARGS`` until the block ends (SIGTERM, then wait)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tenure", "ui", "--port", "0", *args],
+        cwd=ROOT,
+        env=tenure_env(dsn, schema, **env),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    lines: list[str] = []
+    url = None
+    for line in proc.stderr:
+        lines.append(line)
+        if "dashboard on " in line:
+            url = line.split("dashboard on ", 1)[1].split()[0]
+            break
+    if url is None:
+        proc.wait(timeout=10)
+        raise AssertionError(f"tenure ui did not start ({proc.returncode}):\n{''.join(lines)}")
+    stderr = proc.stderr
+
+    def drain() -> None:
+        for rest in stderr:
+            lines.append(rest)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        yield UiServer(url, proc, lines)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        reader.join(timeout=5)
+        stderr.close()
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    body: str
+    headers: dict[str, str]
+
+
+def http(
+    url: str,
+    *,
+    data: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    method: str | None = None,
+) -> Reply:
+    """One request, no redirects followed; any status is returned, not raised."""
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+            return None
+
+    opener = urllib.request.build_opener(NoRedirect)
+    request = urllib.request.Request(url, data=data, headers=headers or {}, method=method)
+    try:
+        with opener.open(request, timeout=15) as resp:
+            return Reply(resp.status, resp.read().decode(), dict(resp.headers))
+    except urllib.error.HTTPError as err:
+        with err:
+            return Reply(err.code, err.read().decode(), dict(err.headers))
+
+
+def chromium_missing() -> str | None:
+    for path in (CHROMIUM, CHROMEDRIVER):
+        if not (os.path.exists(path) or shutil.which(path)):
+            return f"{path} is not installed (scripts/test installs chromium and chromium-driver)"
+    return None
+
+
+def start_browser(width: int = 1280, height: int = 900) -> Any:
+    """A headless Chromium driven through chromedriver (both Debian's, never downloaded)."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",  # root in a container
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        f"--window-size={width},{height}",
+        "--lang=en-US",
+    ):
+        options.add_argument(arg)
+    return webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
