@@ -22,7 +22,7 @@ LEFT = 10
 RIGHT = 10
 LANE = 34
 TOP = 26
-AXIS = 28
+AXIS = 40
 MAX_LANES = 6
 
 GLYPH = {
@@ -90,17 +90,14 @@ def markers_of(runs: Sequence[Run]) -> list[Marker]:
     refused writes and lost leases, in time order."""
     out: list[Marker] = []
     started = [r for r in runs if r.started_at is not None]
-    for i, run in enumerate(started):
+    newest_token = max((r.token for r in started), default=0)
+    # Per slot, the newest earlier run that did not end cleanly: a later run of the same
+    # slot with a higher token took it over. One pass (a timeline can hold 1,500 runs).
+    unclean: dict[dt.datetime, Run] = {}
+    for run in started:
         assert run.started_at is not None
-        prior = [
-            p
-            for p in started[:i]
-            if p.token < run.token
-            and p.outcome in ("lease_lost", "stale_rejected", "running", "cancelled")
-            and p.slot == run.slot
-        ]
-        if prior:
-            before = max(prior, key=lambda p: p.token)
+        before = unclean.get(run.slot)
+        if before is not None and before.token < run.token:
             out.append(
                 Marker(
                     "takeover",
@@ -109,11 +106,19 @@ def markers_of(runs: Sequence[Run]) -> list[Marker]:
                     f"({run.worker})",
                 )
             )
+        if run.outcome in ("lease_lost", "stale_rejected", "running", "cancelled"):
+            unclean[run.slot] = run
+        else:
+            unclean.pop(run.slot, None)
         end = run.finished_at
         if end is None:
             continue
         if run.outcome == "stale_rejected":
-            newer = [r.token for r in started if r.token > run.token]
+            newer = (
+                [r.token for r in started if r.token > run.token]
+                if run.token < newest_token
+                else []
+            )
             accepted = f"; token {min(newer)} had taken over" if newer else ""
             out.append(
                 Marker("refused", end, f"write refused: token {run.token} is stale{accepted}")
@@ -270,8 +275,9 @@ def render(runs: Sequence[Run], *, since: dt.datetime, now: dt.datetime, job_key
         if m.kind == "takeover":
             parts.append(
                 f'<g class="marker takeover" tabindex="0"><title>{text}</title>'
-                f'<line x1="{px:.1f}" y1="{TOP - 10}" x2="{px:.1f}" y2="{height - AXIS}"/>'
-                f'<text x="{px + 3:.1f}" y="{TOP - 12}">takeover</text></g>'
+                f'<line x1="{px:.1f}" y1="{TOP - 10}" x2="{px:.1f}" y2="{height - AXIS + 14}"/>'
+                # Below the lanes, so it never covers a refused-write label at the top.
+                f'<text x="{px + 3:.1f}" y="{height - AXIS + 12}">takeover</text></g>'
             )
         elif m.kind == "refused":
             parts.append(

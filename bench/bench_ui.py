@@ -1,0 +1,286 @@
+#!/usr/bin/env python
+"""Dashboard benchmark: how fast the pages answer with a big history.
+
+Builds a schema with N scheduled jobs (default 10,000) and M runs in their history (default
+1,000,000: 90 % spread evenly over the last 7 days, 10 % on one busy job, one run every few
+seconds), plus failures, lost leases and refused writes. Then, for each page, requests it
+through the dashboard's ASGI app in this process (no network: routing, queries, rendering)
+and, side by side, runs the page's main named query alone through plain psycopg.
+
+    python bench/bench_ui.py                    # 10,000 jobs, 1,000,000 runs (~2-3 min)
+    python bench/bench_ui.py --quick            # 1,000 jobs, 100,000 runs (~20 s)
+    python bench/bench_ui.py --requests 100 --dsn postgresql://user@host/db
+
+Prints p50 / p95 / max in milliseconds per page. Times are what the server spends; a
+browser adds the network and its own rendering. Exits non-zero only when a page does not
+answer 200. Works in its own schema (bench_ui_<random>), dropped at the end (--keep keeps it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import os
+import secrets
+import statistics
+import sys
+import time
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+import tenure
+from tenure.ui import Dashboard
+from tenure.ui.queries import ui_queries
+
+DEFAULT_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
+
+FILL = """
+INSERT INTO {schema}.scheduled_jobs
+    (job_key, every, timezone, ttl, misfire, on_crash, defined_at, defined_by, next_slot,
+     paused)
+SELECT format('job-%%s', lpad(i::text, 5, '0')), interval '1 minute', 'UTC', interval '30 s',
+       'latest', 'retry', now(), 'bench', now() + (i %% 60) * interval '1 s', i %% 50 = 7
+FROM generate_series(0, %(jobs)s - 1) AS i;
+
+INSERT INTO {schema}.job_state (job_key, token)
+SELECT job_key, 1000000 FROM {schema}.scheduled_jobs;
+
+INSERT INTO {schema}.job_leases
+    (job_key, lease_owner, lease_until, fencing_token, lease_ttl, acquired_at, renewed_at)
+SELECT job_key, gen_random_uuid(),
+       CASE WHEN right(job_key, 1) = '3' THEN now() + interval '20 s'
+            ELSE now() - interval '10 s' END,
+       1000000, interval '30 s', now() - interval '10 s', now() - interval '10 s'
+FROM {schema}.scheduled_jobs;
+
+-- Even history: %(even)s runs, round-robin over the jobs, one slot every 7 days / per-job.
+INSERT INTO {schema}.job_runs
+    (job_key, slot, kind, attempt, token, owner, worker_id, host, pid, started_at,
+     finished_at, outcome, error, recorded_at)
+SELECT format('job-%%s', lpad((n %% %(jobs)s)::text, 5, '0')), s.slot, 'scheduled', 1,
+       n / %(jobs)s + 1, gen_random_uuid(), 'worker-' || (n %% 3), 'bench', 1000 + n %% 3,
+       s.slot + interval '15 ms', s.slot + interval '1.2 s',
+       CASE WHEN n %% 97 = 0 THEN 'failed' WHEN n %% 991 = 0 THEN 'lease_lost'
+            ELSE 'succeeded' END,
+       CASE WHEN n %% 97 = 0 THEN 'RuntimeError: upstream answered 502' END,
+       s.slot + interval '15 ms'
+FROM generate_series(0, %(even)s - 1) AS n,
+     LATERAL (SELECT date_trunc('minute', now())
+                     - (%(even)s / %(jobs)s - n / %(jobs)s) * (interval '7 days'
+                        / greatest(1, %(even)s / %(jobs)s)) AS slot) AS s;
+
+-- The busy job: %(busy)s runs ending now, one every %(step)s seconds.
+INSERT INTO {schema}.job_runs
+    (job_key, slot, kind, attempt, token, owner, worker_id, host, pid, started_at,
+     finished_at, outcome, error, recorded_at)
+SELECT 'job-00000', s.slot, 'scheduled', 1, 100000 + n, gen_random_uuid(),
+       'worker-' || (n %% 3), 'bench', 1000 + n %% 3, s.slot + interval '40 ms',
+       s.slot + interval '2 s',
+       CASE WHEN n %% 500 = 1 THEN 'stale_rejected' ELSE 'succeeded' END,
+       CASE WHEN n %% 500 = 1 THEN 'stale fencing token (bench)' END,
+       s.slot + interval '40 ms'
+FROM generate_series(1, %(busy)s) AS n,
+     LATERAL (SELECT now() - (%(busy)s - n + 1) * %(step)s * interval '1 s' AS slot) AS s;
+ANALYZE {schema}.scheduled_jobs;
+ANALYZE {schema}.job_runs;
+ANALYZE {schema}.job_leases;
+"""
+
+
+async def asgi_get(app: Any, path: str, query: str) -> tuple[int, int]:
+    """One GET through the ASGI app, in process: (status, body bytes)."""
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": query.encode(),
+        "root_path": "",
+        "headers": [(b"host", b"bench")],
+        "client": ("127.0.0.1", 1),
+        "server": ("bench", 80),
+    }
+    status = 0
+    size = 0
+    sent = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+        await asyncio.sleep(3600)
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        nonlocal status, size
+        if message["type"] == "http.response.start":
+            status = message["status"]
+        elif message["type"] == "http.response.body":
+            size += len(message.get("body", b""))
+
+    await app(scope, receive, send)
+    return status, size
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def measure(dsn: str, schema: str, requests: int) -> int:
+    dashboard = Dashboard(dsn, schema=schema)
+    q = ui_queries(schema)
+    now = dt.datetime.now(dt.UTC)
+    cases: list[tuple[str, str, str, str, dict[str, Any]]] = [
+        ("overview", "/", "", "ui_overview_jobs", {}),
+        (
+            "jobs: page 1, by key",
+            "/jobs",
+            "",
+            "ui_jobs_page",
+            {"state": "all", "sort": "key", "desc": False, "search": None, "offset": 0},
+        ),
+        (
+            "jobs: page 150, by key",
+            "/jobs",
+            "page=150",
+            "ui_jobs_page",
+            {"state": "all", "sort": "key", "desc": False, "search": None, "offset": 7450},
+        ),
+        (
+            "jobs: by next slot, desc",
+            "/jobs",
+            "sort=next&desc=1",
+            "ui_jobs_page",
+            {"state": "all", "sort": "next", "desc": True, "search": None, "offset": 0},
+        ),
+        (
+            "jobs: by last run",
+            "/jobs",
+            "sort=last&desc=1",
+            "ui_jobs_by_last",
+            {"state": "all", "sort": "last", "desc": True, "search": None, "offset": 0},
+        ),
+        (
+            "jobs: failing only",
+            "/jobs",
+            "state=failing",
+            "ui_jobs_by_last",
+            {"state": "failing", "sort": "key", "desc": False, "search": None, "offset": 0},
+        ),
+        (
+            "jobs: search '123'",
+            "/jobs",
+            "q=123",
+            "ui_jobs_page",
+            {"state": "all", "sort": "key", "desc": False, "search": "123", "offset": 0},
+        ),
+    ]
+    for label, window, seconds in (
+        ("newest runs", "", None),
+        ("1h", "&window=1h", 3600),
+        ("7d", "&window=7d", 7 * 86400),
+    ):
+        since = now - dt.timedelta(seconds=seconds or 28 * 86400)
+        for key, what in (("job-00000", "busy job"), ("job-00042", "typical job")):
+            cases.append(
+                (
+                    f"timeline: {what}, {label}",
+                    "/job",
+                    f"key={key}{window}",
+                    "ui_timeline",
+                    {"job_key": key, "since": since, "limit": 1500},
+                )
+            )
+    cases.append(
+        (
+            "leases: page 1",
+            "/leases",
+            "",
+            "ui_leases",
+            {"search": None, "offset": 0, "limit": 200},
+        )
+    )
+    failures = 0
+    print(f"{'page':<34} {'bytes':>8} {'app p50':>8} {'app p95':>8} {'app max':>8} {'sql p95':>8}")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for label, path, query, name, params in cases:
+            params = {"limit": 50, **params}
+            for _ in range(3):  # warm-up: pool, caches, templates
+                await asgi_get(dashboard.app, path, query)
+            app_ms: list[float] = []
+            size = 0
+            for _ in range(requests):
+                t0 = time.perf_counter()
+                status, size = await asgi_get(dashboard.app, path, query)
+                app_ms.append((time.perf_counter() - t0) * 1000)
+                if status != 200:
+                    failures += 1
+            sql_ms: list[float] = []
+            for _ in range(requests):
+                t0 = time.perf_counter()
+                conn.execute(q[name], params).fetchall()
+                sql_ms.append((time.perf_counter() - t0) * 1000)
+            print(
+                f"{label:<34} {size:>8} {statistics.median(app_ms):>8.1f} "
+                f"{pct(app_ms, 0.95):>8.1f} {max(app_ms):>8.1f} {pct(sql_ms, 0.95):>8.1f}",
+                flush=True,
+            )
+    await dashboard.close()
+    return failures
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dsn", default=os.environ.get("TENURE_DSN") or DEFAULT_DSN)
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--runs", type=int, default=1_000_000)
+    parser.add_argument("--requests", type=int, default=40, help="requests per page")
+    parser.add_argument("--quick", action="store_true", help="1,000 jobs, 100,000 runs")
+    parser.add_argument("--keep", action="store_true", help="keep the schema afterwards")
+    args = parser.parse_args()
+    if args.quick:
+        args.jobs, args.runs = 1000, 100_000
+    schema = f"bench_ui_{secrets.token_hex(4)}"
+    busy = args.runs // 10
+    even = args.runs - busy
+    step = 7 * 86400 / busy
+    with tenure.connect(args.dsn, schema=schema, migrate=True):
+        pass
+    try:
+        t0 = time.monotonic()
+        with psycopg.connect(args.dsn, autocommit=True) as conn:
+            params = {"jobs": args.jobs, "even": even, "busy": busy, "step": step}
+            for statement in FILL.split(";\n"):
+                if statement.strip():
+                    text = sql.SQL(statement).format(schema=sql.Identifier(schema))  # type: ignore[arg-type]
+                    conn.execute(text, params)
+            [(runs,)] = conn.execute(
+                sql.SQL("SELECT count(*) FROM {}.job_runs").format(sql.Identifier(schema))
+            ).fetchall()
+        print(
+            f"schema {schema}: {args.jobs:,} jobs, {runs:,} runs "
+            f"({busy:,} on job-00000, one every {step:.1f}s), built in "
+            f"{time.monotonic() - t0:.0f}s; {args.requests} requests per page, in process",
+            flush=True,
+        )
+        failures = asyncio.run(measure(args.dsn, schema, args.requests))
+    finally:
+        if not args.keep:
+            with psycopg.connect(args.dsn, autocommit=True) as conn:
+                conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+    if failures:
+        print(f"{failures} request(s) did not answer 200", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
