@@ -3,6 +3,7 @@ credentials, CSRF, read-only mode, secrets, and the server-side timeline drawing
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import datetime as dt
 import re
@@ -11,26 +12,15 @@ import urllib.parse
 import psycopg
 import pytest
 
-import tenure
-from tenure.scheduling import ops
 from tenure.ui.data import Run
 from tenure.ui.timeline import render
 
 from .conftest import run_tenure, tenure_env
-from .ui_support import http, ui_server
-
-TOKEN = "s3cret-token"
+from .ui_support import TOKEN, asgi_get, http, paused, register_job, ui_server
 
 
 def basic(token: str) -> dict[str, str]:
     return {"Authorization": "Basic " + base64.b64encode(f"ops:{token}".encode()).decode()}
-
-
-def register_job(dsn: str, schema: str, key: str = "report") -> None:
-    """A scheduled job row, as a worker's registration writes it."""
-    app = tenure.Scheduler(dsn, schema=schema, migrate=True)
-    app.add_job(key, lambda ctx: None, cron="0 0 1 1 *")
-    app.register()
 
 
 def csrf_and_cookie(server_url: str, path: str, headers: dict[str, str]) -> tuple[str, str]:
@@ -46,12 +36,6 @@ def csrf_and_cookie(server_url: str, path: str, headers: dict[str, str]) -> tupl
 def job(dsn: str, schema: str) -> str:
     register_job(dsn, schema)
     return "report"
-
-
-def paused(dsn: str, schema: str, key: str) -> bool:
-    with tenure.connect(dsn, schema=schema) as client:
-        [status] = [j for j in ops.list_jobs(client) if j.job_key == key]
-    return status.paused
 
 
 def test_an_action_without_the_credential_is_refused(dsn: str, schema: str, job: str) -> None:
@@ -175,3 +159,31 @@ def test_timeline_marks_takeover_and_refused_write() -> None:
     # A plain sequence of clean runs has no marker.
     clean = [_run(1, "succeeded", 0, 1, "w"), _run(2, "succeeded", 2, 3, "w")]
     assert render(clean, since=t0, now=t0 + dt.timedelta(seconds=5), job_key="k").markers == ()
+
+
+def test_mounted_in_another_asgi_app_links_stay_under_its_prefix(dsn: str, schema: str) -> None:
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    from tenure.ui import Dashboard
+
+    register_job(dsn, schema, "a b/c")
+
+    async def main() -> list[tuple[int, str]]:
+        dashboard = Dashboard(dsn, schema=schema)
+        outer = Starlette(routes=[Mount("/ops/tenure", app=dashboard.app)])
+        try:
+            return [
+                await asgi_get(outer, "/ops/tenure/jobs"),
+                await asgi_get(outer, "/ops/tenure/job", "key=a+b%2Fc"),
+                await asgi_get(outer, "/ops/tenure/static/ui.js"),
+            ]
+        finally:
+            await dashboard.close()
+
+    (s1, jobs), (s2, job), (s3, script) = asyncio.run(main())
+    assert (s1, s2, s3) == (200, 200, 200)
+    assert 'href="/ops/tenure/job?key=a%20b/c"' in jobs
+    assert 'src="/ops/tenure/static/ui.js"' in jobs and 'data-base="/ops/tenure"' in jobs
+    assert "<h1>a b/c</h1>" in job
+    assert "EventSource" in script

@@ -18,8 +18,7 @@ import pytest
 
 from .conftest import run_tenure, tenure_env
 from .scheduler_support import prepare, query, wait_for, worker_processes
-from .test_ui import TOKEN, paused, register_job
-from .ui_support import chromium_missing, start_browser, ui_server
+from .ui_support import TOKEN, chromium_missing, paused, register_job, start_browser, ui_server
 
 missing = chromium_missing()
 pytestmark = pytest.mark.skipif(missing is not None, reason=missing or "")

@@ -16,8 +16,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import tenure
+from tenure.scheduling import ops
+
 from .conftest import ROOT, tenure_env
 
+TOKEN = "s3cret-token"
 CHROMIUM = os.environ.get("TENURE_TEST_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("TENURE_TEST_CHROMEDRIVER", "/usr/bin/chromedriver")
 
@@ -131,3 +135,57 @@ def start_browser(width: int = 1280, height: int = 900) -> Any:
     ):
         options.add_argument(arg)
     return webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+
+
+def register_job(dsn: str, schema: str, key: str = "report") -> None:
+    """A scheduled job's row, as a worker's registration writes it (no worker runs it)."""
+    app = tenure.Scheduler(dsn, schema=schema, migrate=True)
+    app.add_job(key, lambda ctx: None, cron="0 0 1 1 *")
+    app.register()
+
+
+def paused(dsn: str, schema: str, key: str) -> bool:
+    with tenure.connect(dsn, schema=schema) as client:
+        [status] = [j for j in ops.list_jobs(client) if j.job_key == key]
+    return status.paused
+
+
+async def asgi_get(app: Any, path: str, query: str = "") -> tuple[int, str]:
+    """One GET through an ASGI app in this process: (status, body)."""
+    import asyncio
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": query.encode(),
+        "root_path": "",
+        "headers": [(b"host", b"test")],
+        "client": ("127.0.0.1", 1),
+        "server": ("test", 80),
+    }
+    status = 0
+    body = b""
+    received = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal received
+        if not received:
+            received = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+        await asyncio.sleep(3600)
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        nonlocal status, body
+        if message["type"] == "http.response.start":
+            status = message["status"]
+        elif message["type"] == "http.response.body":
+            body += message.get("body", b"")
+
+    await app(scope, receive, send)
+    return status, body.decode()

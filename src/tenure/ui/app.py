@@ -186,7 +186,7 @@ class Dashboard:
             "where": self.where,
             "actions": self.actions_enabled,
             "csrf": self.csrf.token_for(session),
-            "here": request.url.path + (f"?{request.url.query}" if request.url.query else ""),
+            "here": _here(request),
             "notice": request.query_params.get("notice"),
             "windows": data.WINDOWS,
             **context,
@@ -347,6 +347,17 @@ class Dashboard:
         return RedirectResponse(
             f"{base}{back}{sep}{urlencode({'notice': message})}", status_code=303
         )
+
+
+def _here(request: Request) -> str:
+    """This page's path and query, relative to the dashboard, without a previous notice
+    (where an action form sends the browser back)."""
+    root = request.scope.get("root_path", "").rstrip("/")
+    path = request.url.path
+    if root and path.startswith(root):
+        path = path[len(root) :] or "/"
+    query = urlencode([(k, v) for k, v in request.query_params.multi_items() if k != "notice"])
+    return path + (f"?{query}" if query else "")
 
 
 def _int(value: str | None, default: int) -> int:

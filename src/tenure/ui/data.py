@@ -332,10 +332,9 @@ class Reader:
             [(now,)] = await self._all(conn, "ui_clock")
             [(total, paused, running, failing, overdue)] = await self._all(conn, "ui_overview_jobs")
             [(leases, held)] = await self._all(conn, "ui_overview_leases")
-            [(stale, lost, failed, runs)] = await self._all(
-                conn, "ui_overview_events", {"window": interval}
-            )
-            incidents = await self._all(conn, "ui_overview_incidents", {"window": interval})
+            since = {"since": now - interval}
+            [(stale, lost, failed, runs)] = await self._all(conn, "ui_overview_events", since)
+            incidents = await self._all(conn, "ui_overview_incidents", since)
             topics = await self._all(conn, "ui_outbox_topics")
         return Overview(
             now=now,

@@ -36,21 +36,21 @@ SELECT count(*) AS total,
 FROM {schema}.job_leases;
 
 -- name: ui_overview_events
--- Run outcomes recorded in the window (a run's row is recorded when it starts). The window's
--- start is a scalar subquery, evaluated once: compared with clock_timestamp() (volatile)
--- directly, the planner could not use job_runs_recorded and would scan the whole history.
+-- Run outcomes recorded since %(since)s (a run's row is recorded when it starts). The caller
+-- passes the window's start, computed from ui_clock: compared with clock_timestamp() (or a
+-- subquery on it) the planner cannot estimate the range and scans the whole history.
 SELECT count(*) FILTER (WHERE outcome = 'stale_rejected') AS stale,
        count(*) FILTER (WHERE outcome = 'lease_lost') AS lost,
        count(*) FILTER (WHERE outcome = 'failed') AS failed,
        count(*) FILTER (WHERE started_at IS NOT NULL) AS runs
 FROM {schema}.job_runs
-WHERE recorded_at >= (SELECT clock_timestamp() - %(window)s::interval);
+WHERE recorded_at >= %(since)s;
 
 -- name: ui_overview_incidents
--- The newest stale rejections, lost leases and failures in the window, for the overview.
+-- The newest stale rejections, lost leases and failures since %(since)s, for the overview.
 SELECT job_key, token, outcome, coalesce(finished_at, recorded_at) AS at, worker_id, error
 FROM {schema}.job_runs
-WHERE recorded_at >= (SELECT clock_timestamp() - %(window)s::interval)
+WHERE recorded_at >= %(since)s
   AND outcome IN ('stale_rejected', 'lease_lost', 'failed')
 ORDER BY recorded_at DESC
 LIMIT 20;

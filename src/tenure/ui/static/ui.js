@@ -52,10 +52,17 @@
   }
 
   // Reload the page's content in place (no navigation, focus and scroll kept).
-  var inflight = false, again = false;
+  // At most one reload per second: a busy schedule must not turn a page into a poller.
+  var inflight = false, again = false, lastRefresh = 0, timer = null;
   function refresh() {
     if (inflight) { again = true; return; }
+    var wait = lastRefresh + 1000 - Date.now();
+    if (wait > 0) {
+      if (timer === null) { timer = window.setTimeout(function () { timer = null; refresh(); }, wait); }
+      return;
+    }
     inflight = true;
+    lastRefresh = Date.now();
     fetch(window.location.href, { headers: { "X-Tenure-Refresh": "1" }, credentials: "same-origin" })
       .then(function (r) { return r.ok ? r.text() : Promise.reject(r.status); })
       .then(function (html) {
