@@ -1,7 +1,8 @@
 """The ``tenure`` command group. Every option has a ``TENURE_*`` environment twin, shown in --help.
 
 Each command lives in the module of its capability (core, exec, scheduler, outbox,
-observability, verify) and is registered here; those modules import :mod:`.common`, never this one.
+observability, verify, ui) and is registered here; those modules import :mod:`.common`, never
+this one.
 Heavy imports (psycopg, rich) happen inside the commands that need them, so that
 ``tenure exec`` in a crontab starts fast.
 """
@@ -17,6 +18,7 @@ from .grants import grants
 from .outbox import outbox, relay
 from .scheduler import jobs, worker
 from .verify import verify_command
+from .ui import ui
 
 
 @click.group(context_settings=CONTEXT)
@@ -39,6 +41,7 @@ def cli() -> None:
       tenure status                    every job: holder token, expiry, runs, failures, p95
       tenure doctor                    check DSN, connectivity, schema, clocks, PgBouncer
       tenure verify                    prove the guarantee on your deployment, under faults
+      tenure ui                        web dashboard: jobs, leases, takeovers, live
     """
 
 
@@ -57,6 +60,7 @@ for command in (
     jobs,
     observability.doctor,
     verify_command,
+    ui,
 ):
     cli.add_command(command)
 

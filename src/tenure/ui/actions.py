@@ -7,10 +7,10 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING
 
-from ..scheduling import ops
+from ..scheduler import jobs as ops
 
 if TYPE_CHECKING:
-    from .._sync.client import Client
+    from ..leases._sync.client import Client
 
 ACTIONS = ("pause", "resume", "trigger", "release", "retry", "purge")
 

@@ -38,7 +38,7 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ..dsn import describe, resolve
+from ..db.dsn import describe, resolve
 from ..errors import ConfigurationError, DatabaseUnavailable, TenureError
 from ..validation import check_schema
 from . import data, security

@@ -16,9 +16,9 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from ..db.timeouts import CONNECTION_KWARGS
 from ..errors import DatabaseUnavailable
-from ..scheduling.ops import schedule_from_row
-from ..timeouts import CONNECTION_KWARGS
+from ..scheduler.jobs import schedule_from_row
 from .queries import ui_queries
 
 log = logging.getLogger("tenure.ui")

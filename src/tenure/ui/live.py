@@ -1,6 +1,6 @@
 """Live updates: one LISTEN connection per dashboard, fanned out to every open page.
 
-Two channels are heard: the scheduler's (:func:`tenure.scheduling.ops.channel_name`: job
+Two channels are heard: the scheduler's (:func:`tenure.scheduler.jobs.channel_name`: job
 definitions, pause, resume, trigger, hand-overs) and the dashboard's own, which the
 ``job_runs`` triggers of migration 5 notify when runs start, end or are skipped (payload: a
 JSON array of job keys, or ``*``). Pages get Server-Sent Events, at most one per
@@ -19,8 +19,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..scheduling.ops import channel_name as scheduler_channel
-from ..timeouts import CONNECTION_KWARGS
+from ..db.timeouts import CONNECTION_KWARGS
+from ..scheduler.jobs import channel_name as scheduler_channel
 
 log = logging.getLogger("tenure.ui")
 

@@ -10,7 +10,7 @@ import functools
 import re
 from importlib import resources
 
-from ..queries import compose
+from ..db.queries import compose
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 

@@ -2,7 +2,7 @@
 Selenium), against a real `tenure ui` process, real worker processes and real signals.
 
 Regenerate the README's screenshot of the job page (docs/ui-job.png):
-    TENURE_UI_SCREENSHOT=docs/ui-job.png .venv/bin/python -m pytest tests/test_ui_browser.py -k demo
+    TENURE_UI_SCREENSHOT=docs/ui-job.png .venv/bin/python -m pytest tests/ui/test_browser.py -k demo
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from urllib.parse import quote
 
 import pytest
 
-from .conftest import run_tenure, tenure_env
-from .scheduler_support import prepare, query, wait_for, worker_processes
-from .ui_support import TOKEN, chromium_missing, paused, register_job, start_browser, ui_server
+from tests.support.env import run_tenure, tenure_env
+from tests.support.scheduler_support import prepare, query, wait_for, worker_processes
+from tests.support.ui import TOKEN, chromium_missing, paused, register_job, start_browser, ui_server
 
 missing = chromium_missing()
 pytestmark = pytest.mark.skipif(missing is not None, reason=missing or "")

@@ -2,17 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import click
 
-from .cli import _setup_logs, db_options, handle_errors
-
-CONTEXT: dict[str, Any] = {
-    "help_option_names": ["-h", "--help"],
-    "max_content_width": 100,
-    "show_default": True,
-}
+from .common import CONTEXT, db_options, handle_errors, setup_logs
 
 
 @click.command("ui", context_settings=CONTEXT)
@@ -67,11 +59,11 @@ def ui(
     (LISTEN/NOTIFY, pushed as server-sent events). Read-only unless --actions (with --token).
     Binds 127.0.0.1 by default. Needs the ui extra: pip install 'tenure[ui]'.
     """
-    _setup_logs(log_level, log_format)
+    setup_logs(log_level, log_format)
     if actions and not token:
         raise click.UsageError("--actions needs a credential: set --token or $TENURE_UI_TOKEN")
-    from .ui import Dashboard
-    from .ui.server import bind, is_loopback, serve, url_of
+    from ..ui import Dashboard
+    from ..ui.server import bind, is_loopback, serve, url_of
 
     if not is_loopback(host) and not token:
         click.echo(

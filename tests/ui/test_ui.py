@@ -14,9 +14,8 @@ import pytest
 
 from tenure.ui.data import Run
 from tenure.ui.timeline import render
-
-from .conftest import run_tenure, tenure_env
-from .ui_support import TOKEN, asgi_get, http, paused, register_job, ui_server
+from tests.support.env import run_tenure, tenure_env
+from tests.support.ui import TOKEN, asgi_get, http, paused, register_job, ui_server
 
 
 def basic(token: str) -> dict[str, str]:

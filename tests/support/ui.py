@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import tenure
-from tenure.scheduling import ops
-
-from .conftest import ROOT, tenure_env
+from tenure.scheduler import jobs as ops
+from tests.support.env import ROOT, tenure_env
 
 TOKEN = "s3cret-token"
 CHROMIUM = os.environ.get("TENURE_TEST_CHROMIUM", "/usr/bin/chromium")
