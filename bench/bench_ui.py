@@ -11,7 +11,10 @@ and, side by side, runs the page's main named query alone through plain psycopg.
     python bench/bench_ui.py --quick            # 1,000 jobs, 100,000 runs (~20 s)
     python bench/bench_ui.py --requests 100 --dsn postgresql://user@host/db
 
-Prints p50 / p95 / max in milliseconds per page. Times are what the server spends; a
+Prints p50 / p95 / max in milliseconds per page. Then the write-side cost of the dashboard's
+live updates: migration 5's statement triggers on job_runs (one NOTIFY per statement),
+measured as a run's start and finish statements (INSERT + UPDATE, autocommit) with the
+triggers enabled and disabled, in alternating rounds. Times are what the server spends; a
 browser adds the network and its own rendering. Exits non-zero only when a page does not
 answer 200. Works in its own schema (bench_ui_<random>), dropped at the end (--keep keeps it).
 """
@@ -237,6 +240,48 @@ async def measure(dsn: str, schema: str, requests: int) -> int:
     return failures
 
 
+def trigger_cost(dsn: str, schema: str, statements: int = 1000, rounds: int = 4) -> None:
+    ident = sql.Identifier(schema)
+    insert = sql.SQL(
+        "INSERT INTO {}.job_runs (job_key, slot, kind, token, owner, worker_id, host, pid, "
+        "started_at, outcome) VALUES ('trigger-bench', clock_timestamp(), 'manual', %s, "
+        "gen_random_uuid(), 'w', 'h', 1, clock_timestamp(), 'running')"
+    ).format(ident)
+    update = sql.SQL(
+        "UPDATE {}.job_runs SET outcome = 'succeeded', finished_at = clock_timestamp() "
+        "WHERE job_key = 'trigger-bench' AND token = %s AND started_at IS NOT NULL"
+    ).format(ident)
+    token = 0
+    per_side: dict[str, list[float]] = {"triggers on": [], "triggers off": []}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for _ in range(rounds):
+            for side in per_side:
+                verb = "ENABLE" if side == "triggers on" else "DISABLE"
+                for name in ("job_runs_ui_insert", "job_runs_ui_update"):
+                    conn.execute(
+                        sql.SQL("ALTER TABLE {}.job_runs {} TRIGGER {}").format(
+                            ident, sql.SQL(verb), sql.Identifier(name)
+                        )
+                    )
+                t0 = time.perf_counter()
+                for _ in range(statements // 2):
+                    token += 1
+                    conn.execute(insert, (token,))
+                    conn.execute(update, (token,))
+                per_side[side].append((time.perf_counter() - t0) / statements * 1e6)
+        for name in ("job_runs_ui_insert", "job_runs_ui_update"):
+            conn.execute(
+                sql.SQL("ALTER TABLE {}.job_runs ENABLE TRIGGER {}").format(
+                    ident, sql.Identifier(name)
+                )
+            )
+    on, off = (statistics.median(per_side[k]) for k in ("triggers on", "triggers off"))
+    print(
+        f"run start/finish statement: {on:.0f} us with the notify triggers, {off:.0f} us "
+        f"without ({on / off:.2f}x; median of {rounds} rounds of {statements} statements)"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dsn", default=os.environ.get("TENURE_DSN") or DEFAULT_DSN)
@@ -272,6 +317,7 @@ def main() -> int:
             flush=True,
         )
         failures = asyncio.run(measure(args.dsn, schema, args.requests))
+        trigger_cost(args.dsn, schema)
     finally:
         if not args.keep:
             with psycopg.connect(args.dsn, autocommit=True) as conn:
