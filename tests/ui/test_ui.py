@@ -52,8 +52,13 @@ def test_an_action_without_the_credential_is_refused(dsn: str, schema: str, job:
         assert not paused(dsn, schema, job)
         # The same POST with the credential is carried out (so the refusals above were the
         # credential's doing).
+        # (Its `next` tries to leave the dashboard: the redirect stays on it.)
+        form = urllib.parse.urlencode(
+            {"csrf": csrf, "target": job, "next": "/\\evil.example/"}
+        ).encode()
         done = http(ui.url + "action/pause", data=form, headers={**basic(TOKEN), "Cookie": cookie})
         assert done.status == 303, done
+        assert done.headers["location"].startswith("/?notice=")
         assert "paused" in urllib.parse.unquote_plus(done.headers["location"])
         assert paused(dsn, schema, job)
 
@@ -115,8 +120,12 @@ def test_usage_errors_and_the_exposure_warning(dsn: str, schema: str) -> None:
     out = run_tenure(["ui", "--actions"], env, timeout=30)
     assert out.returncode == 2
     assert "--actions needs a credential" in out.stderr
+    down = run_tenure(["ui", "--dsn", "postgresql://nobody@127.0.0.1:1/x"], env, timeout=30)
+    assert down.returncode == 1
+    assert down.stderr.startswith("tenure: error: ") and len(down.stderr.splitlines()) == 1
     with ui_server(dsn, schema, "--host", "0.0.0.0") as ui:
         assert "without a credential" in ui.log()
+        assert "has no tenure tables yet; run `tenure migrate`" in ui.log()
         # This schema was never migrated: the page says what to do.
         page = http(ui.url.replace("0.0.0.0", "127.0.0.1"))
         assert page.status == 503 and "tenure migrate" in page.body

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .common import CONTEXT, db_options, handle_errors, setup_logs
+from .common import CONTEXT, connect, db_options, handle_errors, setup_logs
 
 
 @click.command("ui", context_settings=CONTEXT)
@@ -72,6 +72,7 @@ def ui(
             err=True,
         )
     dashboard = Dashboard(dsn, schema=schema, actions=actions, credential=token)
+    _check_schema(dsn, schema)
     sock = bind(host, port)
     mode = "actions enabled" if actions else "read-only"
     click.echo(
@@ -82,3 +83,23 @@ def ui(
         serve(dashboard, sock)
     finally:
         sock.close()
+
+
+def _check_schema(dsn: str | None, schema: str) -> None:
+    """Fail now if the database cannot be reached; warn if the schema is missing or older
+    than the dashboard needs (pages still answer, and say what to do)."""
+    from ..db import migrations
+
+    with connect(dsn, schema) as client:
+        version = client.schema_version()
+    if version is None:
+        click.echo(
+            f"tenure: warning: schema {schema!r} has no tenure tables yet; run `tenure migrate`",
+            err=True,
+        )
+    elif version < migrations.latest():
+        click.echo(
+            f"tenure: warning: schema {schema!r} is at version {version}; run `tenure migrate` "
+            f"(version {migrations.latest()} notifies open pages when runs start and end)",
+            err=True,
+        )

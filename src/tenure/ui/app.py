@@ -335,7 +335,8 @@ class Dashboard:
             )
         target = form.get("target", "")
         back = form.get("next", "/")
-        if not back.startswith("/") or back.startswith("//"):
+        # Only a path of this dashboard: "//host" or "/\\host" would leave it.
+        if not back.startswith("/") or back[1:2] in ("/", "\\"):
             back = "/"
         base = request.scope.get("root_path", "").rstrip("/")
         try:

@@ -313,7 +313,7 @@ class Reader:
                 yield conn
         except psycopg.OperationalError as exc:
             raise DatabaseUnavailable(
-                f"the dashboard cannot read the database: {' '.join(str(exc).split())}"
+                f"the dashboard could not read the database: {' '.join(str(exc).split())}"
             ) from exc
         except PoolTimeout as exc:
             raise DatabaseUnavailable(
