@@ -7,7 +7,9 @@ import asyncio
 import base64
 import datetime as dt
 import re
+import signal
 import urllib.parse
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -15,6 +17,7 @@ import pytest
 from tenure.ui.data import Run
 from tenure.ui.timeline import render
 from tests.support.env import run_tenure, tenure_env
+from tests.support.scheduler_support import prepare, wait_for, worker_processes
 from tests.support.ui import TOKEN, asgi_get, http, paused, register_job, ui_server
 
 
@@ -195,3 +198,22 @@ def test_mounted_in_another_asgi_app_links_stay_under_its_prefix(dsn: str, schem
     assert 'src="/ops/tenure/static/ui.js"' in jobs and 'data-base="/ops/tenure"' in jobs
     assert "<h1>a b/c</h1>" in job
     assert "EventSource" in script
+
+
+def test_a_worker_serves_the_dashboard_beside_its_jobs(
+    dsn: str, schema: str, tmp_path: Path
+) -> None:
+    prepare(dsn, schema)
+    env = tenure_env(dsn, schema)
+    with worker_processes(1, "slow", env, tmp_path, args=["--ui-port", "0"]) as [worker]:
+        line = wait_for(
+            lambda: next((x for x in worker.log().splitlines() if "dashboard on " in x), None),
+            timeout=10,
+            what="the worker's dashboard",
+        )
+        url = line.split("dashboard on ", 1)[1].split()[0]
+        page = http(url + "job?key=slow")
+        assert page.status == 200 and "<h1>slow</h1>" in page.body
+        assert "read-only" in page.body
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(timeout=20) == 0

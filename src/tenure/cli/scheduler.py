@@ -111,6 +111,29 @@ def load_app(path: str) -> Scheduler:
     "start rather than redefine them). The app is Scheduler(name=...), default APP as given.",
 )
 @metrics_options
+@click.option(
+    "--ui-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    envvar="TENURE_WORKER_UI_PORT",
+    show_envvar=True,
+    help="Also serve the read-only web dashboard (as `tenure ui`; needs the ui extra) on this "
+    "port (0: any free port, printed). [default: no dashboard]",
+)
+@click.option(
+    "--ui-host",
+    default="127.0.0.1",
+    envvar="TENURE_WORKER_UI_HOST",
+    show_envvar=True,
+    help="Address the dashboard binds to.",
+)
+@click.option(
+    "--ui-token",
+    default=None,
+    envvar="TENURE_WORKER_UI_TOKEN",
+    show_envvar=True,
+    help="Credential the dashboard requires (HTTP Basic password or Bearer token).",
+)
 @click.pass_context
 @handle_errors
 def worker_command(
@@ -126,6 +149,9 @@ def worker_command(
     adopt: bool,
     metrics_port: int | None,
     metrics_host: str,
+    ui_port: int | None,
+    ui_host: str,
+    ui_token: str | None,
 ) -> None:
     """Run the scheduled jobs of APP (MODULE:ATTRIBUTE, a tenure.Scheduler; or $TENURE_APP)
     until SIGTERM.
@@ -150,7 +176,26 @@ def worker_command(
     if migrate:
         scheduler.migrate = True
     serve_from_cli(metrics_port, metrics_host, dsn=scheduler.dsn, schema=scheduler.schema)
-    scheduler.run(concurrency=concurrency, shutdown_grace=shutdown_grace, adopt=adopt)
+    dashboard = None
+    if ui_port is not None:
+        from ..ui.server import BackgroundServer
+        from .ui import start_dashboard
+
+        built, sock = start_dashboard(
+            dsn=scheduler.dsn,
+            schema=scheduler.schema,
+            host=ui_host,
+            port=ui_port,
+            actions=False,
+            token=ui_token,
+            check=not migrate,  # the worker migrates first: nothing to warn about
+        )
+        dashboard = BackgroundServer(built, sock).start()
+    try:
+        scheduler.run(concurrency=concurrency, shutdown_grace=shutdown_grace, adopt=adopt)
+    finally:
+        if dashboard is not None:
+            dashboard.close()
 
 
 @click.group("jobs", context_settings=CONTEXT)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import socket
+from typing import Any
+
 import click
 
 from .common import CONTEXT, connect, db_options, handle_errors, setup_logs
@@ -62,22 +65,10 @@ def ui(
     setup_logs(log_level, log_format)
     if actions and not token:
         raise click.UsageError("--actions needs a credential: set --token or $TENURE_UI_TOKEN")
-    from ..ui import Dashboard
-    from ..ui.server import bind, is_loopback, serve, url_of
+    from ..ui.server import serve
 
-    if not is_loopback(host) and not token:
-        click.echo(
-            f"tenure: warning: the dashboard is bound to {host} without a credential: anyone "
-            "who can reach it can read job keys, errors and results; set --token",
-            err=True,
-        )
-    dashboard = Dashboard(dsn, schema=schema, actions=actions, credential=token)
-    _check_schema(dsn, schema)
-    sock = bind(host, port)
-    mode = "actions enabled" if actions else "read-only"
-    click.echo(
-        f"tenure: dashboard on {url_of(sock)} ({mode}) for schema {schema!r} on {dashboard.where}",
-        err=True,
+    dashboard, sock = start_dashboard(
+        dsn=dsn, schema=schema, host=host, port=port, actions=actions, token=token
     )
     try:
         serve(dashboard, sock)
@@ -103,3 +94,36 @@ def _check_schema(dsn: str | None, schema: str) -> None:
             f"(version {migrations.latest()} notifies open pages when runs start and end)",
             err=True,
         )
+
+
+def start_dashboard(
+    *,
+    dsn: str | None,
+    schema: str,
+    host: str,
+    port: int,
+    actions: bool,
+    token: str | None,
+    check: bool = True,
+) -> tuple[Any, socket.socket]:
+    """Build the dashboard and bind its socket, with the checks and messages of `tenure ui`
+    (shared with `tenure worker --ui-port`)."""
+    from ..ui import Dashboard
+    from ..ui.server import bind, is_loopback, url_of
+
+    if not is_loopback(host) and not token:
+        click.echo(
+            f"tenure: warning: the dashboard is bound to {host} without a credential: anyone "
+            "who can reach it can read job keys, errors and results; set a token",
+            err=True,
+        )
+    dashboard = Dashboard(dsn, schema=schema, actions=actions, credential=token)
+    if check:
+        _check_schema(dsn, schema)
+    sock = bind(host, port)
+    mode = "actions enabled" if actions else "read-only"
+    click.echo(
+        f"tenure: dashboard on {url_of(sock)} ({mode}) for schema {schema!r} on {dashboard.where}",
+        err=True,
+    )
+    return dashboard, sock

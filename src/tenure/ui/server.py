@@ -5,6 +5,8 @@ from __future__ import annotations
 import ipaddress
 import logging
 import socket
+import threading
+from typing import Any
 
 from ..errors import ConfigurationError
 from .app import Dashboard
@@ -48,8 +50,7 @@ def url_of(sock: socket.socket) -> str:
     return f"http://{shown}:{port}/"
 
 
-def serve(dashboard: Dashboard, sock: socket.socket) -> None:
-    """Serve until SIGINT/SIGTERM (uvicorn's handlers), then close the dashboard's pools."""
+def _server(dashboard: Dashboard) -> Any:
     try:
         import uvicorn
     except ImportError:  # pragma: no cover - depends on the environment
@@ -65,4 +66,31 @@ def serve(dashboard: Dashboard, sock: socket.socket) -> None:
         timeout_graceful_shutdown=2,
         proxy_headers=False,
     )
-    uvicorn.Server(config).run(sockets=[sock])
+    return uvicorn.Server(config)
+
+
+def serve(dashboard: Dashboard, sock: socket.socket) -> None:
+    """Serve until SIGINT/SIGTERM (uvicorn's handlers), then close the dashboard's pools."""
+    _server(dashboard).run(sockets=[sock])
+
+
+class BackgroundServer:
+    """The dashboard on a daemon thread with its own event loop, beside a process's main work
+    (``tenure worker --ui-port``): signals stay with the main thread."""
+
+    def __init__(self, dashboard: Dashboard, sock: socket.socket) -> None:
+        self.url = url_of(sock)
+        self._sock = sock
+        self._server = _server(dashboard)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, name="tenure-ui", daemon=True
+        )
+
+    def start(self) -> BackgroundServer:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=5)
+        self._sock.close()
