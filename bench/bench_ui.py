@@ -199,7 +199,7 @@ async def measure(dsn: str, schema: str, requests: int) -> int:
                     "/job",
                     f"key={key}{window}",
                     "ui_timeline",
-                    {"job_key": key, "since": since, "limit": 1500},
+                    {"job_key": key, "since": since, "limit": 401},
                 )
             )
     cases.append(

@@ -217,3 +217,57 @@ def test_a_worker_serves_the_dashboard_beside_its_jobs(
         assert "read-only" in page.body
         worker.signal(signal.SIGTERM)
         assert worker.wait(timeout=20) == 0
+
+
+def test_a_dense_window_counts_every_run_and_draws_the_notable_ones(dsn: str, schema: str) -> None:
+    """More runs than the timeline draws one by one: a density strip counts them all, and
+    bars remain for the takeover and the refused write (never lost in the crowd)."""
+    from tenure.ui import Dashboard
+    from tenure.ui.data import TIMELINE_LIMIT
+
+    register_job(dsn, schema, "busy")
+    plain = TIMELINE_LIMIT + 100
+    columns = (
+        "INSERT INTO {}.job_runs (job_key, slot, kind, attempt, token, worker_id, host, pid, "
+        "started_at, finished_at, outcome, error, recorded_at) "
+    )
+    table = psycopg.sql.Identifier(schema)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            psycopg.sql.SQL(
+                columns
+                + """SELECT 'busy', t, 'scheduled', 1, n, 'w1', 'h', 1, t, t + interval '1 s',
+                            'succeeded', NULL, t
+                     FROM generate_series(1, %(plain)s) AS n,
+                          LATERAL (SELECT now() - (%(plain)s - n + 10) * interval '5 s') AS s(t)"""
+            ).format(table),
+            {"plain": plain},
+        )
+        conn.execute(
+            psycopg.sql.SQL(
+                columns
+                + """VALUES ('busy', now() - interval '40 s', 'scheduled', 1, 100000, 'w-a', 'h',
+                             2, now() - interval '40 s', now() - interval '20 s',
+                             'stale_rejected', 'stale fencing token', now() - interval '40 s'),
+                            ('busy', now() - interval '40 s', 'scheduled', 2, 100001, 'w-b', 'h',
+                             3, now() - interval '30 s', now() - interval '25 s', 'succeeded',
+                             NULL, now() - interval '30 s')"""
+            ).format(table)
+        )
+
+    async def main() -> tuple[int, str]:
+        dashboard = Dashboard(dsn, schema=schema)
+        try:
+            return await asgi_get(dashboard.app, "/job", "key=busy&window=1h")
+        finally:
+            await dashboard.close()
+
+    status, page = asyncio.run(main())
+    assert status == 200
+    assert 'class="density"' in page
+    counted = re.search(r"(\d+) runs of busy between", page)
+    assert counted is not None and int(counted.group(1)) == plain + 2
+    bars = re.findall(r'data-token="(\d+)" data-outcome="(\w+)"', page)
+    assert sorted(bars) == [("100000", "stale_rejected"), ("100001", "succeeded")]
+    assert "takeover: token 100000 (w-a) → token 100001 (w-b)" in page
+    assert "write refused: token 100000 is stale; token 100001 had taken over" in page

@@ -248,30 +248,25 @@ class Dashboard:
             return self._error(request, 404, f"no lease, schedule or result for key {key!r}")
         seconds = dict(data.WINDOWS).get(window)
         if seconds is None:
-            window, seconds = "fit", data.WINDOWS[-1][1]
-        since = job.now - dt.timedelta(seconds=seconds)
-        runs, history = await self.reader.timeline(key, since)
-        if window == "fit":
-            # The newest runs (those in the history table), with a margin on each side.
-            starts = [r.started_at or r.recorded_at for r in history]
-            first = min(starts, default=job.now - dt.timedelta(minutes=1))
-            margin = max(dt.timedelta(seconds=2), (job.now - first) / 20)
-            since = max(since, min(first - margin, job.now - dt.timedelta(seconds=10)))
-            runs = tuple(r for r in runs if (r.finished_at or job.now) >= since)
-        timeline = render(runs, since=since, now=job.now, job_key=key)
+            window = "fit"
+        since = None if seconds is None else job.now - dt.timedelta(seconds=seconds)
+        view = await self.reader.timeline(key, since, job.now)
+        timeline = render(
+            view.runs, since=view.since, now=job.now, job_key=key, density=view.density
+        )
         return self._page(
             request,
             "job.html",
             {
                 "page": "jobs",
                 "job": job,
-                "runs": runs,
-                "history": history,
+                "runs": view.runs,
+                "history": view.history,
+                "dense": view.dense,
                 "timeline": timeline,
                 "window": window,
                 "key_query": urlencode({"key": key}),
                 "live_keys": [key],
-                "capped": len(runs) >= data.TIMELINE_LIMIT,
             },
         )
 

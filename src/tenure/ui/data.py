@@ -39,8 +39,11 @@ WINDOWS: tuple[tuple[str, int], ...] = (
     ("7d", 7 * 86400),
     ("28d", 28 * 86400),
 )
-#: Most bars drawn on one timeline (the newest in the window); zoom in for the rest.
-TIMELINE_LIMIT = 1500
+#: Most runs drawn one by one on a timeline. A window with more is "dense": its plain
+#: successes are drawn as a density strip (TIMELINE_BUCKETS columns) and only the notable
+#: runs (failures, takeovers, refused writes...) get bars, the newest TIMELINE_LIMIT of them.
+TIMELINE_LIMIT = 400
+TIMELINE_BUCKETS = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +195,31 @@ class Run:
         if self.started_at is None or self.kind != "scheduled":
             return None
         return (self.started_at - self.slot).total_seconds()
+
+
+@dataclass(frozen=True, slots=True)
+class Bucket:
+    """A slice of a dense timeline: how many runs were recorded in it, by outcome class."""
+
+    start: dt.datetime
+    end: dt.datetime
+    runs: int
+    ok: int
+    failed: int
+    fenced: int  # lease lost or write refused
+    other: int  # cancelled, abandoned, skipped
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineData:
+    since: dt.datetime
+    runs: tuple[Run, ...]
+    density: tuple[Bucket, ...]  # empty unless the window is dense
+    history: tuple[Run, ...]
+
+    @property
+    def dense(self) -> bool:
+        return bool(self.density)
 
 
 @dataclass(frozen=True, slots=True)
@@ -458,17 +486,50 @@ class Reader:
         )
 
     async def timeline(
-        self, job_key: str, since: dt.datetime, *, history: int = 50
-    ) -> tuple[tuple[Run, ...], tuple[Run, ...]]:
-        """The runs in the window (oldest first) and the newest ``history`` runs."""
+        self, job_key: str, since: dt.datetime | None, now: dt.datetime, *, history: int = 50
+    ) -> TimelineData:
+        """The window's runs (oldest first), or for a dense window its notable runs and a
+        density strip, and the newest ``history`` runs. ``since=None``: fit the window to
+        the runs in that history."""
         async with self._session() as conn:
-            window = await self._all(
-                conn,
-                "ui_timeline",
-                {"job_key": job_key, "since": since, "limit": TIMELINE_LIMIT},
+            newest = tuple(
+                Run(*row)
+                for row in await self._all(
+                    conn, "ui_history", {"job_key": job_key, "limit": history}
+                )
             )
-            newest = await self._all(conn, "ui_history", {"job_key": job_key, "limit": history})
-        return tuple(Run(*row) for row in window), tuple(Run(*row) for row in newest)
+            if since is None:
+                starts = [r.started_at or r.recorded_at for r in newest]
+                first = min(starts, default=now - dt.timedelta(minutes=1))
+                margin = max(dt.timedelta(seconds=2), (now - first) / 20)
+                since = min(first - margin, now - dt.timedelta(seconds=10))
+            params: dict[str, Any] = {"job_key": job_key, "since": since}
+            rows = await self._all(conn, "ui_timeline", {**params, "limit": TIMELINE_LIMIT + 1})
+            density: tuple[Bucket, ...] = ()
+            if len(rows) > TIMELINE_LIMIT:
+                rows = await self._all(
+                    conn, "ui_timeline_notable", {**params, "limit": TIMELINE_LIMIT}
+                )
+                lo, hi = since.timestamp(), now.timestamp()
+                step = (hi - lo) / TIMELINE_BUCKETS
+                density = tuple(
+                    Bucket(
+                        dt.datetime.fromtimestamp(lo + (b - 1) * step, dt.UTC),
+                        dt.datetime.fromtimestamp(lo + b * step, dt.UTC),
+                        runs,
+                        ok,
+                        failed,
+                        fenced,
+                        other,
+                    )
+                    for b, runs, ok, failed, fenced, other in await self._all(
+                        conn,
+                        "ui_timeline_density",
+                        {**params, "lo": lo, "hi": hi, "buckets": TIMELINE_BUCKETS},
+                    )
+                    if 1 <= b <= TIMELINE_BUCKETS
+                )
+        return TimelineData(since, tuple(Run(*row) for row in rows), density, newest)
 
     async def leases(self, *, search: str | None = None, page: int = 1) -> LeasePage:
         params = {

@@ -14,8 +14,9 @@ import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
+from typing import Any
 
-from .data import Run
+from .data import Bucket, Run
 
 WIDTH = 1000
 LEFT = 10
@@ -24,6 +25,7 @@ LANE = 34
 TOP = 26
 AXIS = 40
 MAX_LANES = 6
+STRIP = 34  # height of a dense window's density strip
 
 GLYPH = {
     "succeeded": "✓",
@@ -140,7 +142,16 @@ def _successor_start(run: Run, runs: Sequence[Run]) -> dt.datetime | None:
     return min(later) if later else None
 
 
-def render(runs: Sequence[Run], *, since: dt.datetime, now: dt.datetime, job_key: str) -> Timeline:
+def render(
+    runs: Sequence[Run],
+    *,
+    since: dt.datetime,
+    now: dt.datetime,
+    job_key: str,
+    density: Sequence[Bucket] = (),
+) -> Timeline:
+    """The SVG. With ``density`` (a dense window), a strip at the top counts every run per
+    time slice, and ``runs`` are only the notable ones."""
     span = max(1.0, (now - since).total_seconds())
     inner = WIDTH - LEFT - RIGHT
 
@@ -164,15 +175,22 @@ def render(runs: Sequence[Run], *, since: dt.datetime, now: dt.datetime, job_key
         lanes[lane] = max(lanes[lane], end)
         placed.append((run, lane, start, end))
     lane_count = max(1, len(lanes))
-    height = TOP + lane_count * LANE + AXIS
+    strip = STRIP if density else 0
+    height = TOP + strip + lane_count * LANE + AXIS
     markers = markers_of(runs)
 
     parts: list[str] = []
     takeovers = sum(1 for m in markers if m.kind == "takeover")
     refused = sum(1 for m in markers if m.kind == "refused")
     tokens = sorted({r.token for r in runs if r.started_at is not None})
+    counted = sum(b.runs for b in density)
     summary = (
-        f"{len(runs)} run(s) of {job_key} between {_utc(since)} and {_utc(now)}"
+        (
+            f"{counted} runs of {job_key} between {_utc(since)} and {_utc(now)}, "
+            f"{len(runs)} of them notable"
+            if density
+            else f"{len(runs)} run(s) of {job_key} between {_utc(since)} and {_utc(now)}"
+        )
         + (f"; tokens {tokens[0]} to {tokens[-1]}" if tokens else "")
         + f"; {takeovers} takeover(s); {refused} refused write(s)"
     )
@@ -202,8 +220,16 @@ def render(runs: Sequence[Run], *, since: dt.datetime, now: dt.datetime, job_key
             f'data-t="{_iso(at)}" data-step="{int(step)}">{_tick_label(at, step)}</text>'
         )
         t += step
+    parts.extend(_strip(density, x, TOP))
+    lane_free: dict[int, float] = {}  # where each lane's next outside label may start
+    next_x: dict[int, float] = {}  # where the next bar of the same lane starts
+    following: dict[int, float] = {}
+    for run, lane, start, _end in reversed(placed):
+        if lane in following:
+            next_x[id(run)] = following[lane]
+        following[lane] = x(start)
     for run, lane, start, end in placed:
-        y = TOP + lane * LANE
+        y = TOP + strip + lane * LANE
         x0, x1 = x(start), x(end)
         w = max(3.0, x1 - x0)
         glyph = GLYPH.get(run.outcome, "?")
@@ -263,27 +289,49 @@ def render(runs: Sequence[Run], *, since: dt.datetime, now: dt.datetime, job_key
                 f'<text class="label" x="{x0 + 4:.1f}" y="{y + 16}">{escape(label[: int(w / 7)])}'
                 "</text>"
             )
-        else:
+        elif x0 + w + 2 >= lane_free.get(lane, 0.0) and next_x.get(id(run), WIDTH) - (
+            x0 + w
+        ) >= 8 * (len(str(run.token)) + 2):
+            # Beside a narrow bar, unless it would run into the previous such label (the
+            # bar's own tooltip still says everything).
+            outside = f"{glyph}{run.token}"
             parts.append(
-                f'<text class="label outside" x="{x0 + w + 2:.1f}" y="{y + 16}">{glyph}'
-                f"{run.token}</text>"
+                f'<text class="label outside" x="{x0 + w + 2:.1f}" y="{y + 16}">{outside}</text>'
             )
+            lane_free[lane] = x0 + w + 10 + 8 * len(outside)
         parts.append("</g>")
+    label_free: dict[str, float] = {}
+    next_marker: dict[int, float] = {}  # where the next marker of the same kind is
+    after: dict[str, float] = {}
+    for m in reversed(markers):
+        if m.kind in after:
+            next_marker[id(m)] = after[m.kind]
+        after[m.kind] = x(m.at)
     for m in markers:
         px = x(m.at)
         text = escape(m.text)
+        # Crowded markers keep their glyph and tooltip; only every ~90 px gets its word.
+        word = px >= label_free.get(m.kind, 0.0) and next_marker.get(id(m), WIDTH) - px >= 70
+        if word:
+            label_free[m.kind] = px + 90
         if m.kind == "takeover":
             parts.append(
                 f'<g class="marker takeover" tabindex="0"><title>{text}</title>'
                 f'<line x1="{px:.1f}" y1="{TOP - 10}" x2="{px:.1f}" y2="{height - AXIS + 14}"/>'
                 # Below the lanes, so it never covers a refused-write label at the top.
-                f'<text x="{px + 3:.1f}" y="{height - AXIS + 12}">takeover</text></g>'
+                + (
+                    f'<text x="{px + 3:.1f}" y="{height - AXIS + 12}">takeover</text>'
+                    if word
+                    else ""
+                )
+                + "</g>"
             )
         elif m.kind == "refused":
             parts.append(
                 f'<g class="marker refused" tabindex="0"><title>{text}</title>'
                 f'<path d="M{px - 6:.1f} {TOP - 18} l12 12 m0 -12 l-12 12"/>'
-                f'<text x="{px + 8:.1f}" y="{TOP - 9}">refused</text></g>'
+                + (f'<text x="{px + 8:.1f}" y="{TOP - 9}">refused</text>' if word else "")
+                + "</g>"
             )
         else:
             parts.append(
@@ -292,3 +340,39 @@ def render(runs: Sequence[Run], *, since: dt.datetime, now: dt.datetime, job_key
             )
     parts.append("</svg>")
     return Timeline("".join(parts), tuple(markers), len(runs))
+
+
+def _strip(density: Sequence[Bucket], x: Any, top: int) -> list[str]:
+    """A dense window's counts: one column per time slice, its height the number of runs
+    (relative to the busiest slice), stacked by outcome class, the counts on hover."""
+    if not density:
+        return []
+    most = max(b.runs for b in density) or 1
+    out = ['<g class="density">']
+    for b in density:
+        x0 = x(b.start)
+        w = max(1.0, x(b.end) - x0 - 0.5)
+        total = max(3.0, (STRIP - 6) * b.runs / most)
+        tip = escape(
+            f"{_utc(b.start)} to {_utc(b.end)}: {b.runs} run(s): {b.ok} succeeded or running, "
+            f"{b.failed} failed, {b.fenced} lost a lease or had a write refused, "
+            f"{b.other} cancelled or skipped"
+        )
+        out.append(f"<g><title>{tip}</title>")
+        y = top + STRIP - 6.0
+        for cls, n in (
+            ("d-ok", b.ok),
+            ("d-failed", b.failed),
+            ("d-fenced", b.fenced),
+            ("d-other", b.other),
+        ):
+            if n <= 0:
+                continue
+            h = max(1.0, total * n / b.runs)
+            y -= h
+            out.append(
+                f'<rect class="{cls}" x="{x0:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}"/>'
+            )
+        out.append("</g>")
+    out.append("</g>")
+    return out
