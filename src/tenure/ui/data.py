@@ -507,28 +507,33 @@ class Reader:
             rows = await self._all(conn, "ui_timeline", {**params, "limit": TIMELINE_LIMIT + 1})
             density: tuple[Bucket, ...] = ()
             if len(rows) > TIMELINE_LIMIT:
-                rows = await self._all(
-                    conn, "ui_timeline_notable", {**params, "limit": TIMELINE_LIMIT}
-                )
+                running = [row for row in rows if row[10] == "running"]
                 lo, hi = since.timestamp(), now.timestamp()
                 step = (hi - lo) / TIMELINE_BUCKETS
-                density = tuple(
-                    Bucket(
-                        dt.datetime.fromtimestamp(lo + (b - 1) * step, dt.UTC),
-                        dt.datetime.fromtimestamp(lo + b * step, dt.UTC),
-                        runs,
-                        ok,
-                        failed,
-                        fenced,
-                        other,
-                    )
-                    for b, runs, ok, failed, fenced, other in await self._all(
-                        conn,
-                        "ui_timeline_density",
-                        {**params, "lo": lo, "hi": hi, "buckets": TIMELINE_BUCKETS},
-                    )
-                    if 1 <= b <= TIMELINE_BUCKETS
-                )
+                buckets: list[Bucket] = []
+                notable: dict[int, tuple[Any, ...]] = {}
+                for row in await self._all(
+                    conn,
+                    "ui_timeline_dense",
+                    {
+                        **params,
+                        "lo": lo,
+                        "hi": hi,
+                        "buckets": TIMELINE_BUCKETS,
+                        "limit": TIMELINE_LIMIT,
+                    },
+                ):
+                    kind, b, count, ok, failed, fenced, other = row[:7]
+                    if kind == "run":
+                        notable[row[7]] = row[7:]
+                    elif 1 <= b <= TIMELINE_BUCKETS:
+                        start = dt.datetime.fromtimestamp(lo + (b - 1) * step, dt.UTC)
+                        end = dt.datetime.fromtimestamp(lo + b * step, dt.UTC)
+                        buckets.append(Bucket(start, end, count, ok, failed, fenced, other))
+                for row in running:  # the run in progress, whenever it started
+                    notable.setdefault(row[0], row)
+                rows = [notable[run_id] for run_id in sorted(notable)]
+                density = tuple(sorted(buckets, key=lambda bucket: bucket.start))
         return TimelineData(since, tuple(Run(*row) for row in rows), density, newest)
 
     async def leases(self, *, search: str | None = None, page: int = 1) -> LeasePage:

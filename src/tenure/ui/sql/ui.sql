@@ -206,41 +206,41 @@ UNION
  WHERE j.job_key = %(job_key)s)
 ORDER BY run_id;
 
--- name: ui_timeline_notable
--- A dense window (more runs than the timeline draws one by one): only the runs worth a bar
--- of their own, newest first: anything but a plain success (failures, lost leases, refused
--- writes, skips, cancellations) and every retry (attempt > 1: the successor of a takeover),
--- plus the run in progress. The plain successes are drawn as ui_timeline_density.
-(SELECT run_id, slot, kind, attempt, token, worker_id, host, pid, started_at, finished_at,
-        outcome, error, recorded_at
- FROM {schema}.job_runs
- WHERE job_key = %(job_key)s AND recorded_at >= %(since)s
-   AND (outcome <> 'succeeded' OR attempt > 1)
+-- name: ui_timeline_dense
+-- A dense window (more runs than the timeline draws one by one), in ONE pass over its rows
+-- (job_runs_timeline): per time bucket (%(buckets)s equal slices of epoch seconds %(lo)s to
+-- %(hi)s, by recorded_at) how many runs, by outcome class (kind 'bucket'); and the newest
+-- %(limit)s runs worth a bar of their own (kind 'run'): anything but a plain success
+-- (failures, lost leases, refused writes, skips, cancellations) and every retry (attempt > 1:
+-- the successor of a takeover). The run in progress is added by the caller (ui_timeline).
+WITH w AS MATERIALIZED (
+    SELECT run_id, slot, kind, attempt, token, worker_id, host, pid, started_at, finished_at,
+           outcome, error, recorded_at,
+           width_bucket(extract(epoch FROM recorded_at)::float8, %(lo)s::float8,
+                        %(hi)s::float8, %(buckets)s::int) AS bucket
+    FROM {schema}.job_runs
+    WHERE job_key = %(job_key)s AND recorded_at >= %(since)s
+)
+(SELECT 'bucket' AS row_kind, bucket, count(*) AS runs,
+        count(*) FILTER (WHERE outcome IN ('succeeded', 'running')) AS ok,
+        count(*) FILTER (WHERE outcome = 'failed') AS failed,
+        count(*) FILTER (WHERE outcome IN ('lease_lost', 'stale_rejected')) AS fenced,
+        count(*) FILTER (WHERE outcome IN ('cancelled', 'abandoned', 'misfire_skipped'))
+            AS other,
+        NULL::bigint AS run_id, NULL::timestamptz AS slot, NULL::text AS kind,
+        NULL::integer AS attempt, NULL::bigint AS token, NULL::text AS worker_id,
+        NULL::text AS host, NULL::integer AS pid, NULL::timestamptz AS started_at,
+        NULL::timestamptz AS finished_at, NULL::text AS outcome, NULL::text AS error,
+        NULL::timestamptz AS recorded_at
+ FROM w
+ GROUP BY bucket)
+UNION ALL
+(SELECT 'run', bucket, NULL, NULL, NULL, NULL, NULL, run_id, slot, kind, attempt, token,
+        worker_id, host, pid, started_at, finished_at, outcome, error, recorded_at
+ FROM w
+ WHERE outcome <> 'succeeded' OR attempt > 1
  ORDER BY recorded_at DESC
- LIMIT %(limit)s)
-UNION
-(SELECT r.run_id, r.slot, r.kind, r.attempt, r.token, r.worker_id, r.host, r.pid,
-        r.started_at, r.finished_at, r.outcome, r.error, r.recorded_at
- FROM {schema}.scheduled_jobs AS j
- JOIN {schema}.job_runs AS r
-   ON r.job_key = j.job_key AND r.token = j.running_token AND r.started_at IS NOT NULL
- WHERE j.job_key = %(job_key)s)
-ORDER BY run_id;
-
--- name: ui_timeline_density
--- A dense window in %(buckets)s equal time buckets (by recorded_at, epoch seconds from
--- %(lo)s to %(hi)s): how many runs each holds, by outcome class.
-SELECT width_bucket(extract(epoch FROM recorded_at)::float8, %(lo)s::float8, %(hi)s::float8,
-                    %(buckets)s::int) AS bucket,
-       count(*) AS runs,
-       count(*) FILTER (WHERE outcome IN ('succeeded', 'running')) AS ok,
-       count(*) FILTER (WHERE outcome = 'failed') AS failed,
-       count(*) FILTER (WHERE outcome IN ('lease_lost', 'stale_rejected')) AS fenced,
-       count(*) FILTER (WHERE outcome IN ('cancelled', 'abandoned', 'misfire_skipped')) AS other
-FROM {schema}.job_runs
-WHERE job_key = %(job_key)s AND recorded_at >= %(since)s
-GROUP BY 1
-ORDER BY 1;
+ LIMIT %(limit)s);
 
 -- name: ui_history
 SELECT run_id, slot, kind, attempt, token, worker_id, host, pid, started_at, finished_at,
