@@ -214,33 +214,38 @@ ORDER BY run_id;
 -- (failures, lost leases, refused writes, skips, cancellations) and every retry (attempt > 1:
 -- the successor of a takeover). The run in progress is added by the caller (ui_timeline).
 WITH w AS MATERIALIZED (
-    SELECT run_id, slot, kind, attempt, token, worker_id, host, pid, started_at, finished_at,
-           outcome, error, recorded_at,
+    -- Only what the buckets and the choice need (the window can hold 100,000 rows).
+    SELECT run_id, recorded_at, outcome, attempt,
            width_bucket(extract(epoch FROM recorded_at)::float8, %(lo)s::float8,
                         %(hi)s::float8, %(buckets)s::int) AS bucket
     FROM {schema}.job_runs
     WHERE job_key = %(job_key)s AND recorded_at >= %(since)s
+), chosen AS (
+    SELECT run_id, bucket
+    FROM w
+    WHERE outcome <> 'succeeded' OR attempt > 1
+    ORDER BY recorded_at DESC
+    LIMIT %(limit)s
 )
-(SELECT 'bucket' AS row_kind, bucket, count(*) AS runs,
-        count(*) FILTER (WHERE outcome IN ('succeeded', 'running')) AS ok,
-        count(*) FILTER (WHERE outcome = 'failed') AS failed,
-        count(*) FILTER (WHERE outcome IN ('lease_lost', 'stale_rejected')) AS fenced,
-        count(*) FILTER (WHERE outcome IN ('cancelled', 'abandoned', 'misfire_skipped'))
-            AS other,
-        NULL::bigint AS run_id, NULL::timestamptz AS slot, NULL::text AS kind,
-        NULL::integer AS attempt, NULL::bigint AS token, NULL::text AS worker_id,
-        NULL::text AS host, NULL::integer AS pid, NULL::timestamptz AS started_at,
-        NULL::timestamptz AS finished_at, NULL::text AS outcome, NULL::text AS error,
-        NULL::timestamptz AS recorded_at
- FROM w
- GROUP BY bucket)
+SELECT 'bucket' AS row_kind, bucket, count(*) AS runs,
+       count(*) FILTER (WHERE outcome IN ('succeeded', 'running')) AS ok,
+       count(*) FILTER (WHERE outcome = 'failed') AS failed,
+       count(*) FILTER (WHERE outcome IN ('lease_lost', 'stale_rejected')) AS fenced,
+       count(*) FILTER (WHERE outcome IN ('cancelled', 'abandoned', 'misfire_skipped'))
+           AS other,
+       NULL::bigint AS run_id, NULL::timestamptz AS slot, NULL::text AS kind,
+       NULL::integer AS attempt, NULL::bigint AS token, NULL::text AS worker_id,
+       NULL::text AS host, NULL::integer AS pid, NULL::timestamptz AS started_at,
+       NULL::timestamptz AS finished_at, NULL::text AS outcome, NULL::text AS error,
+       NULL::timestamptz AS recorded_at
+FROM w
+GROUP BY bucket
 UNION ALL
-(SELECT 'run', bucket, NULL, NULL, NULL, NULL, NULL, run_id, slot, kind, attempt, token,
-        worker_id, host, pid, started_at, finished_at, outcome, error, recorded_at
- FROM w
- WHERE outcome <> 'succeeded' OR attempt > 1
- ORDER BY recorded_at DESC
- LIMIT %(limit)s);
+SELECT 'run', c.bucket, NULL, NULL, NULL, NULL, NULL, r.run_id, r.slot, r.kind, r.attempt,
+       r.token, r.worker_id, r.host, r.pid, r.started_at, r.finished_at, r.outcome, r.error,
+       r.recorded_at
+FROM chosen AS c
+JOIN {schema}.job_runs AS r ON r.run_id = c.run_id;
 
 -- name: ui_history
 SELECT run_id, slot, kind, attempt, token, worker_id, host, pid, started_at, finished_at,
