@@ -12,7 +12,7 @@ and, side by side, runs the page's main named query alone through plain psycopg.
     python bench/bench_ui.py --requests 100 --dsn postgresql://user@host/db
 
 Prints p50 / p95 / max in milliseconds per page. Then the write-side cost of the dashboard's
-live updates: migration 5's statement triggers on job_runs (one NOTIFY per statement),
+live updates: migration 6's statement triggers on job_runs (one NOTIFY per statement),
 measured as a run's start and finish statements (INSERT + UPDATE, autocommit) with the
 triggers enabled and disabled, in alternating rounds. Times are what the server spends; a
 browser adds the network and its own rendering. Exits non-zero only when a page does not

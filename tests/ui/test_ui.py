@@ -271,3 +271,39 @@ def test_a_dense_window_counts_every_run_and_draws_the_notable_ones(dsn: str, sc
     assert sorted(bars) == [("100000", "stale_rejected"), ("100001", "succeeded")]
     assert "takeover: token 100000 (w-a) → token 100001 (w-b)" in page
     assert "write refused: token 100000 is stale; token 100001 had taken over" in page
+
+
+def test_a_quarantined_job_is_its_own_state_and_needs_attention(dsn: str, schema: str) -> None:
+    from tenure.ui import Dashboard
+
+    register_job(dsn, schema, "poison")
+    register_job(dsn, schema, "fine")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        # What the scheduler's claim records when the streak of dead workers is reached.
+        conn.execute(
+            psycopg.sql.SQL(
+                "UPDATE {}.scheduled_jobs SET paused = true, paused_at = now(), "
+                "quarantined_at = now(), crash_streak = 3, "
+                "quarantine_reason = '3 runs in a row ended with their worker gone' "
+                "WHERE job_key = 'poison'"
+            ).format(psycopg.sql.Identifier(schema))
+        )
+
+    async def main() -> list[tuple[int, str]]:
+        dashboard = Dashboard(dsn, schema=schema)
+        try:
+            return [
+                await asgi_get(dashboard.app, "/"),
+                await asgi_get(dashboard.app, "/jobs", "state=quarantined"),
+                await asgi_get(dashboard.app, "/jobs", "state=paused"),
+                await asgi_get(dashboard.app, "/job", "key=poison"),
+            ]
+        finally:
+            await dashboard.close()
+
+    (s1, overview), (s2, quarantined), (s3, paused_page), (s4, job) = asyncio.run(main())
+    assert (s1, s2, s3, s4) == (200, 200, 200, 200)
+    assert "1 job(s) quarantined" in overview
+    assert "job?key=poison" in quarantined and "job?key=fine" not in quarantined
+    assert "job?key=poison" not in paused_page
+    assert "3 runs in a row ended with their worker gone" in job

@@ -17,8 +17,8 @@ from .exec import exec_command
 from .grants import grants
 from .outbox import outbox, relay
 from .scheduler import jobs, worker
-from .verify import verify_command
 from .ui import ui
+from .verify import verify_command
 
 
 @click.group(context_settings=CONTEXT)

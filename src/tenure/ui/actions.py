@@ -47,10 +47,11 @@ class Actions:
             changed = ops.pause(client, target, channel=channel)
             return f"{target}: paused" if changed else f"{target}: was already paused"
         if action == "resume":
-            slot = ops.resume(client, target, channel=channel)
-            if slot is None:
+            resumed = ops.resume(client, target, channel=channel)
+            if resumed is None:
                 return f"{target}: was not paused"
-            return f"{target}: resumed; next slot {slot.isoformat()}"
+            lifted = "quarantine lifted, " if resumed.quarantine is not None else ""
+            return f"{target}: {lifted}resumed; next slot {resumed.next_slot.isoformat()}"
         if action == "trigger":
             done = ops.trigger(client, target, channel=channel)
             note = " (the job is paused: it runs once resumed)" if done.paused else ""

@@ -26,7 +26,7 @@ log = logging.getLogger("tenure.ui")
 #: Bound on every dashboard statement: a page that cannot answer says so instead of hanging.
 STATEMENT_TIMEOUT = 5.0
 PAGE_SIZE = 50
-JOB_STATES = ("all", "running", "paused", "failing", "idle")
+JOB_STATES = ("all", "running", "paused", "quarantined", "failing", "idle")
 JOB_SORTS = ("key", "next", "last")
 #: Zoom levels of the timeline (label, seconds).
 WINDOWS: tuple[tuple[str, int], ...] = (
@@ -54,6 +54,7 @@ class Overview:
     running: int
     failing: int
     overdue: int
+    quarantined: int
     idle: int
     leases_total: int
     leases_held: int
@@ -81,6 +82,11 @@ class Overview:
             out.append(f"{self.stale} stale-token rejection(s) in the last {self.window}")
         if self.lost:
             out.append(f"{self.lost} lost lease(s) in the last {self.window}")
+        if self.quarantined:
+            out.append(
+                f"{self.quarantined} job(s) quarantined: their runs kept dying with their "
+                "worker; fix, then resume"
+            )
         if self.failing:
             out.append(f"{self.failing} job(s) whose last run failed")
         if self.overdue:
@@ -143,9 +149,12 @@ class JobRow:
     last_at: dt.datetime | None
     last_token: int | None
     now: dt.datetime
+    quarantined: bool = False
 
     @property
     def state(self) -> str:
+        if self.quarantined:
+            return "quarantined"
         if self.paused:
             return "paused"
         if self.running:
@@ -250,6 +259,10 @@ class Job:
     result_written_at: dt.datetime | None
     result_payload: str | None
     now: dt.datetime
+    quarantined_at: dt.datetime | None = None
+    quarantine_reason: str | None = None
+    crash_streak: int | None = None
+    app: str | None = None
 
     @property
     def seconds_left(self) -> float | None:
@@ -358,7 +371,9 @@ class Reader:
         interval = dt.timedelta(seconds=seconds)
         async with self._session() as conn:
             [(now,)] = await self._all(conn, "ui_clock")
-            [(total, paused, running, failing, overdue)] = await self._all(conn, "ui_overview_jobs")
+            [(total, paused, running, failing, overdue, quarantined)] = await self._all(
+                conn, "ui_overview_jobs"
+            )
             [(leases, held)] = await self._all(conn, "ui_overview_leases")
             since = {"since": now - interval}
             [(stale, lost, failed, runs)] = await self._all(conn, "ui_overview_events", since)
@@ -371,6 +386,7 @@ class Reader:
             running=running,
             failing=failing,
             overdue=overdue,
+            quarantined=quarantined,
             idle=max(0, total - paused - running - failing),
             leases_total=leases,
             leases_held=held,
@@ -424,6 +440,7 @@ class Reader:
                 last_at,
                 last_token,
                 now,
+                quarantined_at is not None,
             )
             for (
                 key,
@@ -442,6 +459,7 @@ class Reader:
                 last_token,
                 _total,
                 now,
+                quarantined_at,
             ) in rows
         )
         pages = max(1, math.ceil(total / PAGE_SIZE))
@@ -483,6 +501,10 @@ class Reader:
             result_written_at=r[23],
             result_payload=r[24],
             now=r[26],
+            quarantined_at=r[27],
+            quarantine_reason=r[28],
+            crash_streak=r[29],
+            app=r[30],
         )
 
     async def timeline(

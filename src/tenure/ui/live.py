@@ -2,7 +2,7 @@
 
 Two channels are heard: the scheduler's (:func:`tenure.scheduler.jobs.channel_name`: job
 definitions, pause, resume, trigger, hand-overs) and the dashboard's own, which the
-``job_runs`` triggers of migration 5 notify when runs start, end or are skipped (payload: a
+``job_runs`` triggers of migration 6 notify when runs start, end or are skipped (payload: a
 JSON array of job keys, or ``*``). Pages get Server-Sent Events, at most one per
 :data:`COALESCE` seconds, naming the keys that changed; the page then reloads its content.
 """
@@ -31,7 +31,7 @@ RETRY = 2.0
 
 
 def channel_name(schema: str) -> str:
-    """The dashboard's channel; the same rule as the trigger function in migration 5."""
+    """The dashboard's channel; the same rule as the trigger function in migration 6."""
     name = f"tenure_ui_{schema}"
     if len(name.encode("utf-8")) > 63:
         name = "tenure_ui_" + hashlib.sha256(schema.encode("utf-8")).hexdigest()[:32]

@@ -8,7 +8,8 @@ SELECT clock_timestamp();
 
 -- name: ui_overview_jobs
 -- Jobs by state. "running": a run is in progress (or unfinished: its holder died and the
--- slot waits for a retry). "failing": the newest finished run failed. "overdue": not paused,
+-- slot waits for a retry). "failing": the newest finished run failed. "quarantined": paused
+-- by the scheduler after runs whose worker died (migration 5). "overdue": not paused,
 -- nothing running or triggered, and its next slot passed more than a minute ago: no worker
 -- is claiming it (none runs, or none has its function).
 WITH clock AS MATERIALIZED (
@@ -19,7 +20,8 @@ SELECT count(*) AS total,
        count(*) FILTER (WHERE NOT j.paused AND j.running_slot IS NOT NULL) AS running,
        count(*) FILTER (WHERE NOT j.paused AND last.outcome = 'failed') AS failing,
        count(*) FILTER (WHERE NOT j.paused AND j.running_slot IS NULL AND j.trigger_at IS NULL
-                          AND j.next_slot < c.now - interval '1 minute') AS overdue
+                          AND j.next_slot < c.now - interval '1 minute') AS overdue,
+       count(*) FILTER (WHERE j.quarantined_at IS NOT NULL) AS quarantined
 FROM {schema}.scheduled_jobs AS j
 CROSS JOIN clock AS c
 LEFT JOIN LATERAL (
@@ -78,7 +80,8 @@ LIMIT %(limit)s;
 -- name: ui_jobs_page
 -- One page of jobs, filtered and sorted on scheduled_jobs' own columns (no per-job history
 -- lookup before the LIMIT: with 10,000 jobs, only the page's rows read their last run).
--- %(state)s: 'all', 'paused' or 'running' here ('failing'/'idle' use ui_jobs_by_last).
+-- %(state)s: 'all', 'paused', 'quarantined' or 'running' here ('failing'/'idle' use
+-- ui_jobs_by_last).
 WITH clock AS MATERIALIZED (
     SELECT clock_timestamp() AS now
 ), page AS (
@@ -86,7 +89,8 @@ WITH clock AS MATERIALIZED (
     FROM {schema}.scheduled_jobs AS j
     WHERE (%(search)s::text IS NULL OR strpos(lower(j.job_key), lower(%(search)s::text)) > 0)
       AND (%(state)s::text = 'all'
-           OR (%(state)s::text = 'paused' AND j.paused)
+           OR (%(state)s::text = 'paused' AND j.paused AND j.quarantined_at IS NULL)
+           OR (%(state)s::text = 'quarantined' AND j.quarantined_at IS NOT NULL)
            OR (%(state)s::text = 'running' AND NOT j.paused AND j.running_slot IS NOT NULL))
     ORDER BY
         CASE WHEN %(sort)s::text = 'next' AND %(desc)s::boolean THEN j.next_slot END DESC,
@@ -98,7 +102,7 @@ WITH clock AS MATERIALIZED (
 SELECT p.job_key, p.cron, p.every, p.timezone, p.paused, p.next_slot, p.running_slot,
        p.trigger_at IS NOT NULL AS triggered, l.fencing_token, l.lease_until,
        coalesce(l.lease_until >= c.now, false) AS held,
-       last.outcome, last.finished_at, last.token, p.total, c.now
+       last.outcome, last.finished_at, last.token, p.total, c.now, p.quarantined_at
 FROM page AS p
 CROSS JOIN clock AS c
 LEFT JOIN {schema}.job_leases AS l ON l.job_key = p.job_key
@@ -122,7 +126,8 @@ WITH clock AS MATERIALIZED (
     SELECT clock_timestamp() AS now
 ), base AS (
     SELECT j.job_key, j.cron, j.every, j.timezone, j.paused, j.next_slot, j.running_slot,
-           j.trigger_at IS NOT NULL AS triggered, last.outcome, last.finished_at, last.token
+           j.trigger_at IS NOT NULL AS triggered, last.outcome, last.finished_at, last.token,
+           j.quarantined_at
     FROM {schema}.scheduled_jobs AS j
     LEFT JOIN LATERAL (
         SELECT r.outcome, coalesce(r.finished_at, r.recorded_at) AS finished_at, r.token
@@ -136,7 +141,8 @@ WITH clock AS MATERIALIZED (
     SELECT b.*, count(*) OVER () AS total
     FROM base AS b
     WHERE %(state)s::text = 'all'
-       OR (%(state)s::text = 'paused' AND b.paused)
+       OR (%(state)s::text = 'paused' AND b.paused AND b.quarantined_at IS NULL)
+       OR (%(state)s::text = 'quarantined' AND b.quarantined_at IS NOT NULL)
        OR (%(state)s::text = 'running' AND NOT b.paused AND b.running_slot IS NOT NULL)
        OR (%(state)s::text = 'failing' AND NOT b.paused AND b.outcome = 'failed')
        OR (%(state)s::text = 'idle' AND NOT b.paused AND b.running_slot IS NULL
@@ -154,7 +160,7 @@ WITH clock AS MATERIALIZED (
 SELECT p.job_key, p.cron, p.every, p.timezone, p.paused, p.next_slot, p.running_slot,
        p.triggered, l.fencing_token, l.lease_until,
        coalesce(l.lease_until >= c.now, false) AS held,
-       p.outcome, p.finished_at, p.token, p.total, c.now
+       p.outcome, p.finished_at, p.token, p.total, c.now, p.quarantined_at
 FROM page AS p
 CROSS JOIN clock AS c
 LEFT JOIN {schema}.job_leases AS l ON l.job_key = p.job_key
@@ -179,7 +185,8 @@ SELECT k.job_key, j.cron, j.every, j.timezone, j.ttl, j.paused, j.paused_at, j.n
        coalesce(l.lease_until >= c.now, false) AS held, l.acquired_at,
        s.token AS fence_token, s.fenced_token, s.fenced_at,
        res.applied_fencing_token, res.written_at, res.payload::text,
-       j.job_key IS NOT NULL AS scheduled, c.now
+       j.job_key IS NOT NULL AS scheduled, c.now, j.quarantined_at, j.quarantine_reason,
+       j.crash_streak, j.app
 FROM (SELECT %(job_key)s::text AS job_key) AS k
 CROSS JOIN clock AS c
 LEFT JOIN {schema}.scheduled_jobs AS j ON j.job_key = k.job_key
