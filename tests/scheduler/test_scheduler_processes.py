@@ -119,6 +119,10 @@ def test_workers_with_wall_clocks_wrong_by_minutes_behave_identically(
     history = query(
         dsn,
         schema,
-        "SELECT max(started_at - slot) FROM {schema}.job_runs WHERE job_key LIKE 'tick-%%'",
+        "SELECT min(started_at - slot), max(started_at - slot) FROM {schema}.job_runs "
+        "WHERE job_key LIKE 'tick-%%'",
     )
-    assert history[0][0] < SECOND  # never minutes early or late
+    # Never minutes early or late: a skew would show as +-7 minutes. (Seconds of lateness
+    # are the loaded machine's scheduling, not the clocks: this is not a latency test.)
+    earliest, latest = history[0]
+    assert earliest >= dt.timedelta(0) and latest < dt.timedelta(minutes=1), history
