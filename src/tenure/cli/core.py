@@ -7,20 +7,31 @@ import sys
 
 import click
 
-from .common import CONTEXT, EXIT_ERROR, connect, db_options, handle_errors, setup_logs
+from .common import (
+    CONTEXT,
+    DURATION,
+    EXIT_ERROR,
+    check_ttl_option,
+    connect,
+    db_options,
+    handle_errors,
+    setup_logs,
+)
 
 
 @click.command(context_settings=CONTEXT)
 @db_options
 @click.option(
     "--ttl",
+    type=DURATION,
     default="2s",
+    callback=check_ttl_option,
     envvar="TENURE_DEMO_TTL",
     show_envvar=True,
     help="Lease TTL the demo's executors use.",
 )
 @handle_errors
-def demo(dsn: str | None, schema: str, log_level: str, log_format: str, ttl: str) -> None:
+def demo(dsn: str | None, schema: str, log_level: str, log_format: str, ttl: float) -> None:
     """Run the acceptance scenario live: a paused executor cannot overwrite its successor.
 
     Executor A (a real process) takes the lease with token N and is frozen with SIGSTOP; its
@@ -30,13 +41,12 @@ def demo(dsn: str | None, schema: str, log_level: str, log_format: str, ttl: str
     """
     from rich.console import Console
 
-    from ..validation import check_ttl
     from . import demo as scenario
 
     setup_logs(log_level, log_format)
     console = Console(highlight=False)
     ok = scenario.run(
-        dsn, schema, check_ttl(ttl), lambda line: console.print(line, markup=False, soft_wrap=True)
+        dsn, schema, ttl, lambda line: console.print(line, markup=False, soft_wrap=True)
     )
     sys.exit(0 if ok else 1)
 

@@ -9,6 +9,7 @@ import click
 
 from .common import (
     CONTEXT,
+    DurationType,
     connect,
     db_options,
     handle_errors,
@@ -23,6 +24,7 @@ from .common import (
 @json_option
 @click.option(
     "--window",
+    type=DurationType(as_text=True, positive=True),
     default="1h",
     envvar="TENURE_STATUS_WINDOW",
     show_envvar=True,
@@ -39,13 +41,10 @@ def status(
     scheduler's run history), last result token. Every time is the database clock.
     """
     setup_logs(log_level, log_format)
-    from ..errors import InvalidArgument
     from ..observability.status import overview
     from ..validation import parse_duration
 
     seconds = parse_duration(window, what="--window")
-    if seconds <= 0:
-        raise InvalidArgument(f"--window must be positive, got {window!r}")
     with connect(dsn, schema) as client:
         jobs = overview(client, window=seconds)
     if as_json:

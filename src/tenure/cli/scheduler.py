@@ -16,6 +16,7 @@ import click
 
 from .common import (
     CONTEXT,
+    DurationType,
     connect,
     db_options,
     handle_errors,
@@ -75,9 +76,19 @@ def load_app(path: str) -> Scheduler:
     return app
 
 
+def _check_app_path(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    module_name, sep, attr = value.partition(":")
+    if not sep or not module_name or not attr:
+        raise click.BadParameter(
+            f"{value!r} must look like MODULE:ATTRIBUTE, e.g. myapp.jobs:app (the module that "
+            "creates the tenure.Scheduler and the name it is bound to)"
+        )
+    return value
+
+
 @click.command("worker", context_settings={**CONTEXT, "default_map": {"log_level": "info"}})
 @db_options
-@click.argument("app", envvar="TENURE_APP")
+@click.argument("app", envvar="TENURE_APP", callback=_check_app_path)
 @click.option(
     "--concurrency",
     type=click.IntRange(min=1),
@@ -89,6 +100,7 @@ def load_app(path: str) -> Scheduler:
 )
 @click.option(
     "--shutdown-grace",
+    type=DurationType(as_text=True),
     default=None,
     envvar="TENURE_SHUTDOWN_GRACE",
     show_envvar=True,
@@ -243,7 +255,7 @@ def jobs_trigger(dsn: str | None, schema: str, log_level: str, log_format: str, 
 @click.argument("key", envvar="TENURE_JOB_KEY")
 @click.option(
     "--limit",
-    type=click.IntRange(min=1),
+    type=click.IntRange(1, 100_000),
     default=20,
     envvar="TENURE_LIMIT",
     show_envvar=True,
