@@ -204,4 +204,4 @@ def test_status_table_and_bad_window(
     for key in ("st-ok", "st-stale", "st-lease-only"):
         assert key in table.stdout
     bad = run_tenure(["status", "--window", "0"], env)
-    assert bad.returncode == 1 and "--window must be positive" in bad.stderr
+    assert bad.returncode == 2 and "must be positive" in bad.stderr
