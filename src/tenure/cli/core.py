@@ -17,6 +17,7 @@ from .common import (
     handle_errors,
     setup_logs,
 )
+from .tables import printable
 
 
 @click.command(context_settings=CONTEXT)
@@ -84,7 +85,9 @@ def release(dsn: str | None, schema: str, log_level: str, log_format: str, key: 
     setup_logs(log_level, log_format)
     with connect(dsn, schema) as client:
         token = client.release(key)
-    click.echo(f"{key}: expired token {token}" if token else f"{key}: no live lease")
+    click.echo(
+        f"{printable(key)}: expired token {token}" if token else f"{printable(key)}: no live lease"
+    )
 
 
 @click.group(context_settings=CONTEXT)
@@ -127,7 +130,7 @@ def result_put(
         raise InvalidArgument(f"stdin is not a JSON document: {exc}") from None
     with connect(dsn, schema) as client:
         stored = client.results.put(key, payload, token=token)
-    click.echo(f"{key}: stored with token {stored.token}")
+    click.echo(f"{printable(key)}: stored with token {stored.token}")
 
 
 @result.command("get", context_settings=CONTEXT)

@@ -53,8 +53,7 @@ def status(
     if not jobs:
         click.echo("no leases or scheduled jobs yet")
         return
-    from rich.console import Console
-    from rich.table import Table
+    from .tables import show
 
     def took(value: float | None) -> str:
         if value is None:
@@ -74,26 +73,7 @@ def status(
             text = f"{n / 86400:.1f}d"
         return f"{text} ago" if seconds >= 0 else f"in {text}"
 
-    from rich import box
-
-    terminal = sys.stdout.isatty()
-    # A rich table on a terminal; plain aligned text when piped (grep, awk, a file).
-    table = Table(
-        title=f"times: database clock; counts: last {window}",
-        title_justify="left",
-        box=box.HEAVY_HEAD if terminal else None,
-    )
-    table.add_column("job", no_wrap=True)
-    for name in (
-        "token",
-        "lease",
-        "last run",
-        "next slot",
-        "runs/fail/lost/stale",
-        "p50 / p95 / p99",
-    ):
-        table.add_column(name, no_wrap=True)
-    table.add_column("result", justify="right")
+    rows = []
     for job in jobs:
         lease = "-"
         if job.token is not None and job.seconds_left is not None:
@@ -108,18 +88,33 @@ def status(
             next_slot = "due now" if due >= 0 else ago(due)
         if job.paused:
             next_slot = "paused"
-        table.add_row(
-            job.job_key,
-            "-" if job.token is None else str(job.token),
-            lease,
-            last,
-            next_slot,
-            f"{job.runs}/{job.failures}/{job.lost_leases}/{job.stale_rejections}",
-            f"{took(job.p50)} / {took(job.p95)} / {took(job.p99)}",
-            "-" if job.result_token is None else str(job.result_token),
+        rows.append(
+            (
+                job.job_key,
+                "-" if job.token is None else str(job.token),
+                lease,
+                last,
+                next_slot,
+                f"{job.runs}/{job.failures}/{job.lost_leases}/{job.stale_rejections}",
+                f"{took(job.p50)} / {took(job.p95)} / {took(job.p99)}",
+                "-" if job.result_token is None else str(job.result_token),
+            )
         )
-    # Piped: no terminal width to fit, so do not wrap cells.
-    Console(width=None if terminal else 200).print(table)
+    show(
+        (
+            "job",
+            "token",
+            "lease",
+            "last run",
+            "next slot",
+            "runs/fail/lost/stale",
+            "p50 / p95 / p99",
+            "result",
+        ),
+        rows,
+        title=f"times: database clock; counts: last {window}",
+        right=("result",),
+    )
 
 
 @click.command("doctor", context_settings=CONTEXT)

@@ -271,24 +271,25 @@ def outbox_list(
     if not rows:
         click.echo(f"no {state} messages ({summary})")
         return
-    from rich.console import Console
-    from rich.table import Table
+    from .tables import show
 
-    table = Table("id", "topic", "key", "state", "attempts", "next in", "last error")
-    for row in rows:
-        shown_state = "in flight" if row["claimed"] else row["state"]
-        table.add_row(
-            str(row["id"]),
-            str(row["topic"]),
-            str(row["key"]),
-            str(shown_state),
-            str(row["attempts"]),
-            "-" if row["next_attempt_in"] is None else f"{row['next_attempt_in']:.1f}s",
-            str(row["last_error"] or ""),
-        )
-    console = Console()
-    console.print(table)
-    console.print(summary, highlight=False)
+    show(
+        ("id", "topic", "key", "state", "attempts", "next in", "last error"),
+        [
+            (
+                row["id"],
+                row["topic"],
+                row["key"],
+                "in flight" if row["claimed"] else row["state"],
+                row["attempts"],
+                "-" if row["next_attempt_in"] is None else f"{row['next_attempt_in']:.1f}s",
+                row["last_error"] or "",
+            )
+            for row in rows
+        ],
+        right=("id", "attempts", "next in"),
+    )
+    click.echo(summary)
 
 
 @outbox.command("retry", context_settings=CONTEXT)

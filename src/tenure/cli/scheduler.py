@@ -26,6 +26,7 @@ from .common import (
     serve_from_cli,
     setup_logs,
 )
+from .tables import printable
 
 if TYPE_CHECKING:
     from ..scheduler.app import Scheduler
@@ -186,23 +187,24 @@ def jobs_list(dsn: str | None, schema: str, log_level: str, log_format: str, as_
     if not found:
         click.echo("no scheduled jobs yet (a worker registers its app's jobs when it starts)")
         return
-    from rich.console import Console
-    from rich.table import Table
+    from .tables import show
 
-    table = Table("job", "schedule", "state", "next slot (db)", "token", "last outcome")
+    rows = []
     for job in found:
         state = "paused" if job.paused else "running" if job.running_slot else "scheduled"
         if job.trigger_pending:
             state += " +trigger"
-        table.add_row(
-            job.job_key,
-            job.schedule,
-            state,
-            _when(job.next_slot),
-            str(job.token or "-"),
-            f"{job.last_outcome} ({_when(job.last_slot)})" if job.last_outcome else "-",
+        rows.append(
+            (
+                job.job_key,
+                job.schedule,
+                state,
+                _when(job.next_slot),
+                str(job.token or "-"),
+                f"{job.last_outcome} ({_when(job.last_slot)})" if job.last_outcome else "-",
+            )
         )
-    Console().print(table)
+    show(("job", "schedule", "state", "next slot (db)", "token", "last outcome"), rows)
 
 
 @jobs_group.command("pause", context_settings=CONTEXT)
@@ -215,7 +217,7 @@ def jobs_pause(dsn: str | None, schema: str, log_level: str, log_format: str, ke
 
     with _client(dsn, schema, log_level, log_format) as client:
         changed = pause(client, key, channel=channel_name(schema))
-    click.echo(f"{key}: paused" if changed else f"{key}: was already paused")
+    click.echo(f"{printable(key)}: paused" if changed else f"{printable(key)}: was already paused")
 
 
 @jobs_group.command("resume", context_settings=CONTEXT)
@@ -229,9 +231,9 @@ def jobs_resume(dsn: str | None, schema: str, log_level: str, log_format: str, k
     with _client(dsn, schema, log_level, log_format) as client:
         next_slot = resume(client, key, channel=channel_name(schema))
     if next_slot is None:
-        click.echo(f"{key}: was not paused")
+        click.echo(f"{printable(key)}: was not paused")
     else:
-        click.echo(f"{key}: resumed, next slot {next_slot.isoformat()}")
+        click.echo(f"{printable(key)}: resumed, next slot {next_slot.isoformat()}")
 
 
 @jobs_group.command("trigger", context_settings=CONTEXT)
@@ -247,7 +249,7 @@ def jobs_trigger(dsn: str | None, schema: str, log_level: str, log_format: str, 
     note = " (a trigger was already pending: one run)" if done.already_pending else ""
     if done.paused:
         note += "; the job is paused: it runs when resumed"
-    click.echo(f"{key}: triggered at {done.at.isoformat()}{note}")
+    click.echo(f"{printable(key)}: triggered at {done.at.isoformat()}{note}")
 
 
 @jobs_group.command("history", context_settings=CONTEXT)
@@ -281,25 +283,28 @@ def jobs_history(
         for row in rows:
             click.echo(json.dumps(row.as_json()))
         return
-    if not rows:
-        click.echo(f"{key}: no runs recorded")
-        return
-    from rich.console import Console
-    from rich.table import Table
+    from .tables import show
 
-    table = Table("slot (db)", "kind", "token", "outcome", "started", "finished", "worker", "error")
-    for row in rows:
-        table.add_row(
-            _when(row.slot),
-            row.kind if row.attempt == 1 else f"{row.kind} #{row.attempt}",
-            str(row.token),
-            row.outcome,
-            _when(row.started_at),
-            _when(row.finished_at),
-            f"{row.host}:{row.pid}",
-            row.error or "",
-        )
-    Console().print(table)
+    if not rows:
+        click.echo(f"{printable(key)}: no runs recorded")
+        return
+    show(
+        ("slot (db)", "kind", "token", "outcome", "started", "finished", "worker", "error"),
+        [
+            (
+                _when(row.slot),
+                row.kind if row.attempt == 1 else f"{row.kind} #{row.attempt}",
+                str(row.token),
+                row.outcome,
+                _when(row.started_at),
+                _when(row.finished_at),
+                f"{row.host}:{row.pid}",
+                row.error or "",
+            )
+            for row in rows
+        ],
+        title=f"{key}: newest first",
+    )
 
 
 # Declared types for tenure.cli, which imports these back (mypy cannot infer decorated names
