@@ -81,7 +81,10 @@ def status(
         last = "-"
         if job.last_run is not None:
             since = (job.now - job.last_run.started_at).total_seconds()
-            last = f"{job.last_run.outcome} {ago(since)}"
+            outcome = job.last_run.outcome
+            if job.last_run.exit_code not in (None, 0):
+                outcome += f" (exit {job.last_run.exit_code})"
+            last = f"{outcome} {ago(since)}"
         next_slot = "-"
         if job.next_slot is not None:
             due = (job.now - job.next_slot).total_seconds()
