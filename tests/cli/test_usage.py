@@ -109,3 +109,9 @@ def test_runtime_errors_exit_1_with_one_line(
     assert out.returncode == 1, out
     assert len(lines) == 1 and lines[0].startswith("tenure: error: "), out.stderr
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("args", [[], ["jobs"], ["outbox"]], ids=lambda a: " ".join(a) or "-")
+def test_a_group_alone_prints_its_help(dsn: str, schema: str, args: list[str]) -> None:
+    out = run_tenure(args, tenure_env(dsn, schema))
+    assert out.returncode == 2 and "Usage:" in out.stderr and "Commands:" in out.stderr

@@ -88,6 +88,9 @@ class TenureGroup(click.Group):
         try:
             result = super().main(args, prog_name, complete_var, False, **extra)
         except click.UsageError as exc:
+            if isinstance(exc, click.exceptions.NoArgsIsHelpError):
+                exc.show()  # `tenure` or `tenure jobs` alone: the help, as click prints it
+                sys.exit(exc.exit_code)
             where = exc.ctx.command_path if exc.ctx is not None else PROG
             fail(f"{exc.format_message()} (see `{where} --help`)", EXIT_USAGE, _prog(exc.ctx))
         except click.ClickException as exc:
