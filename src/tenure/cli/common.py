@@ -103,18 +103,20 @@ class TenureGroup(click.Group):
         except Exception as exc:
             from ..errors import TenureError
 
+            prog = f"{PROG} exec" if argv[:1] == ["exec"] else PROG
             if isinstance(exc, TenureError):
-                fail(str(exc))
+                fail(str(exc), prog=prog)
             if isinstance(exc, BrokenPipeError):
-                # The reader went away (`tenure jobs list | head`): nothing to tell it.
-                sys.stderr.close()
+                # The reader went away (`tenure jobs list | head`): nothing to tell it, and
+                # no flush at exit that would fail again.
                 os._exit(EXIT_ERROR)
             if os.environ.get("TENURE_TRACEBACK"):
                 raise
             fail(
-                f"unexpected {type(exc).__name__}: {exc or 'no message'} (this is a bug in "
+                f"unexpected {type(exc).__name__}: {str(exc) or 'no message'} (this is a bug in "
                 "tenure, or an input it does not handle yet: please report it; set "
-                "TENURE_TRACEBACK=1 to see the traceback)"
+                "TENURE_TRACEBACK=1 to see the traceback)",
+                prog=prog,
             )
         sys.exit(result if isinstance(result, int) else 0)
 

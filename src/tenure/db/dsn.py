@@ -27,8 +27,9 @@ HIDDEN = "***"
 # Passwords of the DSNs this process resolved (and $PGPASSWORD): what redact() hides.
 _known: set[str] = set()
 
-# `scheme://user:password@`: the password part, up to the last @ of the authority.
-_URI_USERINFO = re.compile(r"(?i)(postgres(?:ql)?://[^:/?#@\s\"']*:)[^/?#\s\"']*@")
+# `scheme://user:password@` (a DSN, or a webhook URL): the password, up to the last @ of
+# the authority.
+_URI_USERINFO = re.compile(r"(?i)([a-z][a-z0-9+.-]*://[^:/?#@\s\"']*:)[^/?#\s\"']*@")
 # `password=value` (key=value or URI query), quoted or not.
 _KEYWORD = re.compile(r"(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s&\"']+)")
 _URI_AUTHORITY = re.compile(r"(?i)^\s*postgres(?:ql)?://([^/?#]*)")
