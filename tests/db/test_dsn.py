@@ -25,9 +25,11 @@ def test_redact_hides_passwords(text: str, dsn_: str | None, hidden: str) -> Non
     assert hidden not in shown and dsn.HIDDEN in shown, shown
 
 
-def test_a_short_password_is_hidden_only_where_it_stands_alone() -> None:
+def test_a_password_is_hidden_where_it_stands_alone_not_inside_words() -> None:
     shown = dsn.redact("about ab: 'ab'", "postgresql://u:ab@h/d")
     assert shown == "about ***: '***'"
+    shown = dsn.redact('postgresql://h/d failed for user "postgres"', "user=u password=postgres")
+    assert shown == 'postgresql://h/d failed for user "***"'
 
 
 def test_an_unparseable_dsn_is_refused_without_its_password() -> None:

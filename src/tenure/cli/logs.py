@@ -9,14 +9,17 @@ import sys
 from typing import Any
 
 from ..db.dsn import redact
+from .tables import printable
 
 _FIELDS = ("job", "token", "owner", "slot", "outcome", "current_token")
 
 
 class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        # The last line of defence: a driver message or a traceback may quote a DSN.
-        return redact(super().format(record))
+        # The last line of defence: a driver message or a traceback may quote a DSN, and a
+        # job's error message may hold terminal escapes (a traceback keeps its lines).
+        text = redact(super().format(record))
+        return "\n".join(printable(line) for line in text.split("\n"))
 
 
 class JsonFormatter(logging.Formatter):

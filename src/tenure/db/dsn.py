@@ -33,9 +33,6 @@ _URI_USERINFO = re.compile(r"(?i)([a-z][a-z0-9+.-]*://[^:/?#@\s\"']*:)[^/?#\s\"'
 # `password=value` (key=value or URI query), quoted or not.
 _KEYWORD = re.compile(r"(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s&\"']+)")
 _URI_AUTHORITY = re.compile(r"(?i)^\s*postgres(?:ql)?://([^/?#]*)")
-# A password shorter than this is only hidden where it stands alone (not inside a word),
-# or "ab" would turn every "about" in a message into "***out".
-_SHORT = 6
 
 
 def candidates(dsn: str) -> set[str]:
@@ -81,11 +78,11 @@ def redact(text: str, *dsns: str | None) -> str:
     for dsn in dsns:
         if dsn:
             secrets |= candidates(dsn)
+    # Only where the password stands alone, not inside a word: libpq and URIs quote or
+    # delimit it (`:pw@`, `"pw%ZZ"`), and a password "ab" (or "postgres") must not turn
+    # "about" into "***out" (or "postgresql://" into "***ql://").
     for secret in sorted(secrets, key=len, reverse=True):
-        if len(secret) >= _SHORT:
-            text = text.replace(secret, HIDDEN)
-        else:
-            text = re.sub(rf"(?<!\w){re.escape(secret)}(?!\w)", HIDDEN, text)
+        text = re.sub(rf"(?<!\w){re.escape(secret)}(?!\w)", HIDDEN, text)
     return text
 
 
