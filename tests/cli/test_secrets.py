@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli_commands import leaf_commands, with_options
-from tests.support.env import ROOT
 from tests.support.servers import PgServer, ServerError, _run_as
 
 SENTINEL = f"S3ntinel{uuid.uuid4().hex[:10]}"
@@ -115,7 +114,7 @@ def test_no_command_prints_the_password(
     (tmp_path / "secret_app.py").write_text(APP)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TENURE_", "PG"))}
     env.pop("DATABASE_URL", None)
-    env.update(extra, TENURE_SCHEMA=schema, PYTHONPATH=str(ROOT))
+    env.update(extra, TENURE_SCHEMA=schema)
     leaks: list[str] = []
     silent: list[str] = []
     for template in COMMANDS:
