@@ -81,13 +81,14 @@ def test_release_expires_a_stuck_lease(client: tenure.Client, dsn: str, schema: 
 
 
 @pytest.mark.parametrize(
-    ("args", "stdin", "message"),
+    ("args", "stdin", "message", "code"),
     [
-        (["demo", "--ttl", "soon"], None, "not a duration"),
-        (["demo", "--ttl", "0"], None, "out of range"),
-        (["result", "put", "--key", "job", "--token", "1"], "not json", "not a JSON document"),
-        (["result", "put", "--key", "", "--token", "1"], "{}", "non-empty"),
-        (["result", "get", "--key", "missing"], None, "no result stored"),
+        # Bad option values are usage errors: exit 2.
+        (["demo", "--ttl", "soon"], None, "not a duration", 2),
+        (["demo", "--ttl", "0"], None, "out of range", 2),
+        (["result", "put", "--key", "job", "--token", "1"], "not json", "not a JSON document", 1),
+        (["result", "put", "--key", "", "--token", "1"], "{}", "non-empty", 1),
+        (["result", "get", "--key", "missing"], None, "no result stored", 1),
     ],
 )
 def test_bad_input_is_one_line(
@@ -97,9 +98,10 @@ def test_bad_input_is_one_line(
     args: list[str],
     stdin: str | None,
     message: str,
+    code: int,
 ) -> None:
     out = run_tenure(args, tenure_env(dsn, schema), input=stdin)
-    assert out.returncode == 1, out
+    assert out.returncode == code, out
     assert message in out.stderr
     assert "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr

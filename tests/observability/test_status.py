@@ -204,4 +204,29 @@ def test_status_table_and_bad_window(
     for key in ("st-ok", "st-stale", "st-lease-only"):
         assert key in table.stdout
     bad = run_tenure(["status", "--window", "0"], env)
-    assert bad.returncode == 1 and "--window must be positive" in bad.stderr
+    assert bad.returncode == 2 and "must be positive" in bad.stderr
+
+
+def test_status_shows_tenure_exec_runs(client: tenure.Client, dsn: str, schema: str) -> None:
+    """`tenure exec` runs count in status like the scheduler's: last run, outcome, counts."""
+    env = tenure_env(dsn, schema)
+    ok = run_tenure(["exec", "--key", "ex-job", "--", "true"], env)
+    assert ok.returncode == 0, ok.stderr
+    bad = run_tenure(["exec", "--key", "ex-job", "--", "sh", "-c", "exit 3"], env)
+    assert bad.returncode == 3, bad.stderr
+    out = run_tenure(["status", "--json"], env)
+    assert out.returncode == 0, out.stderr
+    [row] = [r for r in json.loads(out.stdout) if r["job"] == "ex-job"]
+    assert (row["runs"], row["failures"], row["lost_leases"]) == (2, 1, 0), row
+    last = row["last_run"]
+    assert last is not None, row
+    assert (last["kind"], last["token"], last["outcome"], last["exit_code"]) == (
+        "exec",
+        2,
+        "failed",
+        3,
+    )
+    assert last["finished_at"] is not None and row["duration_p50"] is not None
+    table = run_tenure(["status"], env)
+    [line] = [line for line in table.stdout.splitlines() if line.startswith("ex-job ")]
+    assert "failed (exit 3)" in line and " 2/1/0/0 " in line, table.stdout

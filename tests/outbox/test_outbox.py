@@ -258,7 +258,7 @@ def test_cli_outbox_list_retry_purge(client: tenure.Client, conn: Conn, dsn: str
     assert table.returncode == 0 and "HTTP 500" in table.stdout and "1 dead" in table.stdout
 
     refused = run_tenure(["outbox", "retry"], env)
-    assert refused.returncode == 1 and "--id N, --topic T or --all" in refused.stderr
+    assert refused.returncode == 2 and "--id N, --topic T or --all" in refused.stderr
     redriven = run_tenure(["outbox", "retry", "--id", str(a)], env)
     assert redriven.returncode == 0 and f"re-drove 1 message(s): {a}" in redriven.stdout
     assert outbox.counts(client)["dead"] == 0

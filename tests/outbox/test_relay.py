@@ -436,9 +436,9 @@ def test_dead_after_max_attempts_listed_and_redriven_unknown_topic_parked(
 def test_relay_command_refuses_bad_configuration(client: tenure.Client, dsn: str) -> None:
     env = tenure_env(dsn, client.schema)
     none = run_tenure(["relay"], env)
-    assert none.returncode == 1 and "no handlers" in none.stderr
+    assert none.returncode == 2 and "no handlers" in none.stderr
     bad = run_tenure(["relay", "--webhook", "t:http://x"], env)
-    assert bad.returncode == 1 and "TOPIC=URL" in bad.stderr
+    assert bad.returncode == 2 and "TOPIC=URL" in bad.stderr
     tight = run_tenure(
         ["relay", "--webhook", "t=http://x/", "--timeout", "5s", "--visibility", "5s"], env
     )

@@ -1,13 +1,26 @@
 """What every command shares: the database and logging options, --json, one-line errors,
 and the connection. Command modules import this; it imports none of them.
+
+The conventions every command follows (README, "Command line"):
+
+* a usage error (unknown option, bad option value, missing argument) exits 2, a runtime
+  error 1; both print exactly one line on stderr, ``tenure: error: ...`` (``tenure exec:
+  error: ...`` for exec), never click's usage block and never a traceback;
+* no message ever shows a password: every error line and log line goes through
+  :func:`tenure.db.dsn.redact`.
+
+:class:`TenureGroup` is the last line of defence: it runs click in non-standalone mode and
+turns whatever escapes a command into that one line.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
+import os
 import sys
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
@@ -19,6 +32,140 @@ F = TypeVar("F", bound=Callable[..., Any])
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100, "show_default": True}
 
 EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, like a shell
+
+PROG = "tenure"
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def error_line(message: str, prog: str = PROG) -> str:
+    """``tenure: error: MESSAGE`` on one line, without passwords."""
+    from ..db.dsn import redact
+
+    return f"{prog}: error: {redact(one_line(message))}"
+
+
+def fail(message: str, code: int = EXIT_ERROR, prog: str = PROG) -> NoReturn:
+    click.echo(error_line(message, prog), err=True)
+    sys.exit(code)
+
+
+def _prog(ctx: click.Context | None) -> str:
+    """``tenure exec`` speaks as itself (the command owns stdout and stderr's prefix)."""
+    while ctx is not None:
+        if ctx.info_name == "exec" and ctx.parent is not None and ctx.parent.parent is None:
+            return f"{PROG} exec"
+        ctx = ctx.parent
+    return PROG
+
+
+class TenureGroup(click.Group):
+    """The ``tenure`` group: click's errors and anything a command lets escape become one
+    line and the conventional exit code (2 usage, 1 runtime)."""
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        from ..db import dsn as dsn_mod
+
+        # Passwords the command line and environment carry, hidden even before any DSN is
+        # resolved (a traceback of a bad --dsn must not show it either).
+        argv = list(sys.argv[1:] if args is None else args)
+        given = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--dsn"]
+        given += [a.split("=", 1)[1] for a in argv if a.startswith("--dsn=")]
+        dsn_mod.remember(*given, os.environ.get("TENURE_DSN"), os.environ.get("DATABASE_URL"))
+        try:
+            result = super().main(args, prog_name, complete_var, False, **extra)
+        except click.UsageError as exc:
+            if isinstance(exc, click.exceptions.NoArgsIsHelpError):
+                exc.show()  # `tenure` or `tenure jobs` alone: the help, as click prints it
+                sys.exit(exc.exit_code)
+            where = exc.ctx.command_path if exc.ctx is not None else PROG
+            fail(f"{exc.format_message()} (see `{where} --help`)", EXIT_USAGE, _prog(exc.ctx))
+        except click.ClickException as exc:
+            if type(exc).show is not click.ClickException.show:
+                exc.show()  # a command's own one-line usage problem (tenure exec)
+                sys.exit(exc.exit_code)
+            fail(exc.format_message(), exc.exit_code)
+        except click.Abort:
+            fail("interrupted", EXIT_INTERRUPTED)
+        except Exception as exc:
+            from ..errors import TenureError
+
+            prog = f"{PROG} exec" if argv[:1] == ["exec"] else PROG
+            if isinstance(exc, TenureError):
+                fail(str(exc), prog=prog)
+            if isinstance(exc, BrokenPipeError):
+                # The reader went away (`tenure jobs list | head`): nothing to tell it, and
+                # no flush at exit that would fail again.
+                os._exit(EXIT_ERROR)
+            if os.environ.get("TENURE_TRACEBACK"):
+                raise
+            fail(
+                f"unexpected {type(exc).__name__}: {str(exc) or 'no message'} (this is a bug in "
+                "tenure, or an input it does not handle yet: please report it; set "
+                "TENURE_TRACEBACK=1 to see the traceback)",
+                prog=prog,
+            )
+        sys.exit(result if isinstance(result, int) else 0)
+
+
+class DurationType(click.ParamType):  # type: ignore[type-arg]
+    """``30s``, ``250ms``, ``5m``, ``1h``, ``1d`` or plain seconds: a bad one is a usage
+    error (exit 2). Converts to seconds (float), or keeps the text with ``as_text``."""
+
+    name = "duration"
+
+    def __init__(self, *, as_text: bool = False, positive: bool = False) -> None:
+        self.as_text = as_text
+        self.positive = positive
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from ..errors import InvalidArgument
+        from ..validation import parse_duration
+
+        try:
+            seconds = parse_duration(value)
+            dt.timedelta(seconds=seconds)  # what the database and the scheduler compute with
+        except InvalidArgument:
+            self.fail(f"{value!r} is not a duration: use 250ms, 30s, 5m, 1h, 1d or seconds")
+        except (OverflowError, ValueError):
+            self.fail(f"{value!r} is too long to be a duration")
+        if seconds < 0 or (self.positive and seconds == 0):
+            self.fail(f"{value!r} must be {'positive' if self.positive else 'zero or more'}")
+        if self.as_text and isinstance(value, str):
+            return value
+        return seconds
+
+
+DURATION = DurationType()
+
+
+def check_ttl_option(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    """A lease TTL option: out of range is a usage error."""
+    from ..errors import InvalidArgument
+    from ..validation import check_ttl
+
+    try:
+        return check_ttl(value)
+    except InvalidArgument as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def usage_error(message: str) -> NoReturn:
+    """Bad usage found inside a command (options that only make sense together): exit 2."""
+    raise click.UsageError(message, ctx=click.get_current_context(silent=True))
 
 
 def db_options(fn: F) -> F:
@@ -69,7 +216,8 @@ def json_option(fn: F) -> F:
 
 
 def handle_errors(fn: F) -> F:
-    """Turn tenure errors into one line on stderr and exit 1, never a traceback."""
+    """Turn tenure errors into one line on stderr and exit 1, never a traceback (also when
+    the command is invoked without :class:`TenureGroup`, e.g. by a test's CliRunner)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -78,8 +226,7 @@ def handle_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except TenureError as exc:
-            click.echo(f"tenure: error: {exc}", err=True)
-            sys.exit(EXIT_ERROR)
+            fail(str(exc))
 
     return wrapper  # type: ignore[return-value]
 

@@ -9,7 +9,17 @@ import sys
 import click
 from click.core import ParameterSource
 
-from .common import CONTEXT, EXIT_ERROR, connect, db_options, handle_errors, setup_logs
+from .common import (
+    CONTEXT,
+    DURATION,
+    EXIT_ERROR,
+    check_ttl_option,
+    connect,
+    db_options,
+    handle_errors,
+    setup_logs,
+)
+from .tables import printable
 
 #: Set by `tenure exec` in its command's environment (with the token): the lease is held.
 EXEC_MARK = "TENURE_LEASE_OWNER"
@@ -19,13 +29,15 @@ EXEC_MARK = "TENURE_LEASE_OWNER"
 @db_options
 @click.option(
     "--ttl",
+    type=DURATION,
     default="2s",
+    callback=check_ttl_option,
     envvar="TENURE_DEMO_TTL",
     show_envvar=True,
     help="Lease TTL the demo's executors use.",
 )
 @handle_errors
-def demo(dsn: str | None, schema: str, log_level: str, log_format: str, ttl: str) -> None:
+def demo(dsn: str | None, schema: str, log_level: str, log_format: str, ttl: float) -> None:
     """Run the acceptance scenario live: a paused executor cannot overwrite its successor.
 
     Executor A (a real process) takes the lease with token N and is frozen with SIGSTOP; its
@@ -35,13 +47,12 @@ def demo(dsn: str | None, schema: str, log_level: str, log_format: str, ttl: str
     """
     from rich.console import Console
 
-    from ..validation import check_ttl
     from . import demo as scenario
 
     setup_logs(log_level, log_format)
     console = Console(highlight=False)
     ok = scenario.run(
-        dsn, schema, check_ttl(ttl), lambda line: console.print(line, markup=False, soft_wrap=True)
+        dsn, schema, ttl, lambda line: console.print(line, markup=False, soft_wrap=True)
     )
     sys.exit(0 if ok else 1)
 
@@ -79,7 +90,9 @@ def release(dsn: str | None, schema: str, log_level: str, log_format: str, key: 
     setup_logs(log_level, log_format)
     with connect(dsn, schema) as client:
         token = client.release(key)
-    click.echo(f"{key}: expired token {token}" if token else f"{key}: no live lease")
+    click.echo(
+        f"{printable(key)}: expired token {token}" if token else f"{printable(key)}: no live lease"
+    )
 
 
 @click.group(context_settings=CONTEXT)
@@ -145,7 +158,7 @@ def result_put(
         raise InvalidArgument(f"stdin is not a JSON document: {exc}") from None
     with connect(dsn, schema) as client:
         stored = client.results.put(key, payload, token=token, strict=strict)
-    click.echo(f"{key}: stored with token {stored.token}")
+    click.echo(f"{printable(key)}: stored with token {stored.token}")
 
 
 @result.command("get", context_settings=CONTEXT)

@@ -9,10 +9,10 @@ from typing import Any, NoReturn
 
 import click
 
-from ..exec.output import PROG, one_line
+from ..exec.output import PROG
 from ..exec.runner import EXIT_LEASE_LOST, EXIT_USAGE, ExecRequest, main, run_with_textfile
 from ..exec.slots import check_period, check_slot
-from .common import CONTEXT, db_options, setup_logs
+from .common import CONTEXT, DURATION, check_ttl_option, db_options, error_line, setup_logs
 
 EPILOG = f"""\b
 Exit codes:
@@ -53,7 +53,7 @@ class UsageProblem(click.ClickException):
     exit_code = EXIT_USAGE
 
     def show(self, file: Any = None) -> None:
-        click.echo(f"{PROG}: error: {one_line(self.message)} (see `{PROG} --help`)", err=True)
+        click.echo(error_line(f"{self.message} (see `{PROG} --help`)", PROG), err=True)
 
 
 class ExecCommand(click.Command):
@@ -84,39 +84,6 @@ class ExecCommand(click.Command):
 
     def collect_usage_pieces(self, ctx: click.Context) -> list[str]:
         return ["[OPTIONS]", "--", "COMMAND", "[ARGS]..."]
-
-
-class DurationType(click.ParamType):  # type: ignore[type-arg]
-    """``30s``, ``250ms``, ``5m``, ``1h`` or plain seconds, in seconds (float)."""
-
-    name = "duration"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, float):
-            return value
-        from ..errors import InvalidArgument
-        from ..validation import parse_duration
-
-        try:
-            seconds = parse_duration(value)
-        except InvalidArgument:
-            self.fail(f"{value!r} is not a duration: use 250ms, 30s, 5m, 1h or seconds")
-        if seconds < 0:
-            self.fail(f"{value!r} is negative")
-        return seconds
-
-
-DURATION = DurationType()
-
-
-def _check_ttl(ctx: click.Context, param: click.Parameter, value: float) -> float:
-    from ..errors import InvalidArgument
-    from ..validation import check_ttl
-
-    try:
-        return check_ttl(value)
-    except InvalidArgument as exc:
-        raise click.BadParameter(str(exc)) from None
 
 
 def _check_every(ctx: click.Context, param: click.Parameter, value: float | None) -> int | None:
@@ -167,7 +134,7 @@ def _check_key(ctx: click.Context, param: click.Parameter, value: str) -> str:
     default="30s",
     envvar="TENURE_EXEC_TTL",
     show_envvar=True,
-    callback=_check_ttl,
+    callback=check_ttl_option,
     help="Lease TTL: how long this host may go silent before another may take over. "
     "Renewed every ttl/3 while the command runs.",
 )

@@ -8,11 +8,25 @@ import logging
 import sys
 from typing import Any
 
+from ..db.dsn import redact
+from .tables import printable
+
 _FIELDS = ("job", "token", "owner", "slot", "outcome", "current_token")
+
+
+class TextFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        # The last line of defence: a driver message or a traceback may quote a DSN, and a
+        # job's error message may hold terminal escapes (a traceback keeps its lines).
+        text = redact(super().format(record))
+        return "\n".join(printable(line) for line in text.split("\n"))
 
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
+        return redact(self._format(record))
+
+    def _format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
             "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
             "level": record.levelname.lower(),
@@ -32,7 +46,7 @@ def setup(level: str = "warning", fmt: str = "text") -> None:
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger("tenure")
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

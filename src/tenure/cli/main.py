@@ -12,7 +12,7 @@ from __future__ import annotations
 import click
 
 from . import core, observability
-from .common import CONTEXT
+from .common import CONTEXT, TenureGroup
 from .exec import exec_command
 from .grants import grants
 from .outbox import outbox, relay
@@ -21,7 +21,7 @@ from .ui import ui
 from .verify import verify_command
 
 
-@click.group(context_settings=CONTEXT)
+@click.group(cls=TenureGroup, context_settings=CONTEXT)
 @click.version_option(package_name="tenure")
 def cli() -> None:
     """tenure: scheduled jobs that stay correct when several instances run them.

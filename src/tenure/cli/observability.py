@@ -9,6 +9,7 @@ import click
 
 from .common import (
     CONTEXT,
+    DurationType,
     connect,
     db_options,
     handle_errors,
@@ -23,6 +24,7 @@ from .common import (
 @json_option
 @click.option(
     "--window",
+    type=DurationType(as_text=True, positive=True),
     default="1h",
     envvar="TENURE_STATUS_WINDOW",
     show_envvar=True,
@@ -39,13 +41,10 @@ def status(
     scheduler's run history), last result token. Every time is the database clock.
     """
     setup_logs(log_level, log_format)
-    from ..errors import InvalidArgument
     from ..observability.status import overview
     from ..validation import parse_duration
 
     seconds = parse_duration(window, what="--window")
-    if seconds <= 0:
-        raise InvalidArgument(f"--window must be positive, got {window!r}")
     with connect(dsn, schema) as client:
         jobs = overview(client, window=seconds)
     if as_json:
@@ -54,8 +53,7 @@ def status(
     if not jobs:
         click.echo("no leases or scheduled jobs yet")
         return
-    from rich.console import Console
-    from rich.table import Table
+    from .tables import printable, show
 
     def took(value: float | None) -> str:
         if value is None:
@@ -75,26 +73,7 @@ def status(
             text = f"{n / 86400:.1f}d"
         return f"{text} ago" if seconds >= 0 else f"in {text}"
 
-    from rich import box
-
-    terminal = sys.stdout.isatty()
-    # A rich table on a terminal; plain aligned text when piped (grep, awk, a file).
-    table = Table(
-        title=f"times: database clock; counts: last {window}",
-        title_justify="left",
-        box=box.HEAVY_HEAD if terminal else None,
-    )
-    table.add_column("job", no_wrap=True)
-    for name in (
-        "token",
-        "lease",
-        "last run",
-        "next slot",
-        "runs/fail/lost/stale",
-        "p50 / p95 / p99",
-    ):
-        table.add_column(name, no_wrap=True)
-    table.add_column("result", justify="right")
+    rows = []
     for job in jobs:
         lease = "-"
         if job.token is not None and job.seconds_left is not None:
@@ -102,28 +81,46 @@ def status(
         last = "-"
         if job.last_run is not None:
             since = (job.now - job.last_run.started_at).total_seconds()
-            last = f"{job.last_run.outcome} {ago(since)}"
+            outcome = job.last_run.outcome
+            if job.last_run.exit_code not in (None, 0):
+                outcome += f" (exit {job.last_run.exit_code})"
+            last = f"{outcome} {ago(since)}"
         next_slot = "-"
         if job.next_slot is not None:
             due = (job.now - job.next_slot).total_seconds()
             next_slot = "due now" if due >= 0 else ago(due)
         if job.paused:
             next_slot = "quarantined" if job.quarantined is not None else "paused"
-        table.add_row(
-            job.job_key,
-            "-" if job.token is None else str(job.token),
-            lease,
-            last,
-            next_slot,
-            f"{job.runs}/{job.failures}/{job.lost_leases}/{job.stale_rejections}",
-            f"{took(job.p50)} / {took(job.p95)} / {took(job.p99)}",
-            "-" if job.result_token is None else str(job.result_token),
+        rows.append(
+            (
+                job.job_key,
+                "-" if job.token is None else str(job.token),
+                lease,
+                last,
+                next_slot,
+                f"{job.runs}/{job.failures}/{job.lost_leases}/{job.stale_rejections}",
+                f"{took(job.p50)} / {took(job.p95)} / {took(job.p99)}",
+                "-" if job.result_token is None else str(job.result_token),
+            )
         )
-    # Piped: no terminal width to fit, so do not wrap cells.
-    Console(width=None if terminal else 200).print(table)
+    show(
+        (
+            "job",
+            "token",
+            "lease",
+            "last run",
+            "next slot",
+            "runs/fail/lost/stale",
+            "p50 / p95 / p99",
+            "result",
+        ),
+        rows,
+        title=f"times: database clock; counts: last {window}",
+        right=("result",),
+    )
     for job in jobs:
         if job.quarantined is not None:
-            click.echo(f"{job.job_key}: {job.quarantined}")
+            click.echo(f"{printable(job.job_key)}: {printable(job.quarantined)}")
 
 
 @click.command("doctor", context_settings=CONTEXT)

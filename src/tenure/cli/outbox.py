@@ -10,6 +10,7 @@ import click
 
 from .common import (
     CONTEXT,
+    DurationType,
     connect,
     db_options,
     handle_errors,
@@ -17,7 +18,18 @@ from .common import (
     metrics_options,
     serve_from_cli,
     setup_logs,
+    usage_error,
 )
+
+
+def _check_webhooks(
+    ctx: click.Context, param: click.Parameter, value: tuple[str, ...]
+) -> tuple[str, ...]:
+    for spec in value:
+        topic, sep, url = spec.partition("=")
+        if not sep or not topic or not url:
+            raise click.BadParameter(f"takes TOPIC=URL, got {spec!r}")
+    return value
 
 
 @click.command(context_settings=CONTEXT)
@@ -27,6 +39,7 @@ from .common import (
     "webhooks",
     multiple=True,
     metavar="TOPIC=URL",
+    callback=_check_webhooks,
     envvar="TENURE_RELAY_WEBHOOK",
     show_envvar=True,
     help="POST messages of TOPIC as JSON to URL, with an Idempotency-Key header. Repeatable.",
@@ -60,6 +73,7 @@ from .common import (
 )
 @click.option(
     "--timeout",
+    type=DurationType(as_text=True),
     default="10s",
     envvar="TENURE_RELAY_TIMEOUT",
     show_envvar=True,
@@ -67,6 +81,7 @@ from .common import (
 )
 @click.option(
     "--visibility",
+    type=DurationType(as_text=True),
     default=None,
     envvar="TENURE_RELAY_VISIBILITY",
     show_envvar=True,
@@ -83,6 +98,7 @@ from .common import (
 )
 @click.option(
     "--backoff",
+    type=DurationType(as_text=True),
     default="1s",
     envvar="TENURE_RELAY_BACKOFF",
     show_envvar=True,
@@ -90,6 +106,7 @@ from .common import (
 )
 @click.option(
     "--backoff-max",
+    type=DurationType(as_text=True),
     default="5m",
     envvar="TENURE_RELAY_BACKOFF_MAX",
     show_envvar=True,
@@ -97,6 +114,7 @@ from .common import (
 )
 @click.option(
     "--poll",
+    type=DurationType(as_text=True),
     default="5s",
     envvar="TENURE_RELAY_POLL",
     show_envvar=True,
@@ -149,7 +167,7 @@ def relay(
         for topic, handler in relay_mod.load_handlers(spec).items():
             add(topic, handler, f"--handlers {spec}")
     if not handlers:
-        raise InvalidArgument("no handlers: pass --webhook TOPIC=URL and/or --handlers MODULE:ATTR")
+        usage_error("no handlers: pass --webhook TOPIC=URL and/or --handlers MODULE:ATTR")
 
     def ready(r: Any) -> None:
         # One line on stdout, so scripts and tests know the relay is listening.
@@ -253,24 +271,25 @@ def outbox_list(
     if not rows:
         click.echo(f"no {state} messages ({summary})")
         return
-    from rich.console import Console
-    from rich.table import Table
+    from .tables import show
 
-    table = Table("id", "topic", "key", "state", "attempts", "next in", "last error")
-    for row in rows:
-        shown_state = "in flight" if row["claimed"] else row["state"]
-        table.add_row(
-            str(row["id"]),
-            str(row["topic"]),
-            str(row["key"]),
-            str(shown_state),
-            str(row["attempts"]),
-            "-" if row["next_attempt_in"] is None else f"{row['next_attempt_in']:.1f}s",
-            str(row["last_error"] or ""),
-        )
-    console = Console()
-    console.print(table)
-    console.print(summary, highlight=False)
+    show(
+        ("id", "topic", "key", "state", "attempts", "next in", "last error"),
+        [
+            (
+                row["id"],
+                row["topic"],
+                row["key"],
+                "in flight" if row["claimed"] else row["state"],
+                row["attempts"],
+                "-" if row["next_attempt_in"] is None else f"{row['next_attempt_in']:.1f}s",
+                row["last_error"] or "",
+            )
+            for row in rows
+        ],
+        right=("id", "attempts", "next in"),
+    )
+    click.echo(summary)
 
 
 @outbox.command("retry", context_settings=CONTEXT)
@@ -312,10 +331,9 @@ def outbox_retry(
     """Re-drive dead messages: pending again now, with a fresh attempt budget."""
     setup_logs(log_level, log_format)
     from .. import outbox as ob
-    from ..errors import InvalidArgument
 
     if not (ids or topic or every):
-        raise InvalidArgument("say which dead messages to re-drive: --id N, --topic T or --all")
+        usage_error("say which dead messages to re-drive: --id N, --topic T or --all")
     with connect(dsn, schema) as client:
         redriven = ob.retry(client, ids=ids or None, topic=topic)
     if redriven:
@@ -336,6 +354,7 @@ def outbox_retry(
 )
 @click.option(
     "--older-than",
+    type=DurationType(as_text=True),
     default="7d",
     envvar="TENURE_OUTBOX_PURGE_AGE",
     show_envvar=True,

@@ -16,6 +16,7 @@ import click
 
 from .common import (
     CONTEXT,
+    DurationType,
     connect,
     db_options,
     handle_errors,
@@ -25,6 +26,7 @@ from .common import (
     serve_from_cli,
     setup_logs,
 )
+from .tables import printable
 
 if TYPE_CHECKING:
     from ..scheduler.app import Scheduler
@@ -75,9 +77,19 @@ def load_app(path: str) -> Scheduler:
     return app
 
 
+def _check_app_path(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    module_name, sep, attr = value.partition(":")
+    if not sep or not module_name or not attr:
+        raise click.BadParameter(
+            f"{value!r} must look like MODULE:ATTRIBUTE, e.g. myapp.jobs:app (the module that "
+            "creates the tenure.Scheduler and the name it is bound to)"
+        )
+    return value
+
+
 @click.command("worker", context_settings={**CONTEXT, "default_map": {"log_level": "info"}})
 @db_options
-@click.argument("app", envvar="TENURE_APP")
+@click.argument("app", envvar="TENURE_APP", callback=_check_app_path)
 @click.option(
     "--concurrency",
     type=click.IntRange(min=1),
@@ -89,6 +101,7 @@ def load_app(path: str) -> Scheduler:
 )
 @click.option(
     "--shutdown-grace",
+    type=DurationType(as_text=True),
     default=None,
     envvar="TENURE_SHUTDOWN_GRACE",
     show_envvar=True,
@@ -231,23 +244,24 @@ def jobs_list(dsn: str | None, schema: str, log_level: str, log_format: str, as_
     if not found:
         click.echo("no scheduled jobs yet (a worker registers its app's jobs when it starts)")
         return
-    from rich.console import Console
-    from rich.table import Table
+    from .tables import show
 
-    table = Table("job", "schedule", "state", "next slot (db)", "token", "last outcome")
+    rows = []
     for job in found:
-        table.add_row(
-            job.job_key,
-            job.schedule,
-            job.state,
-            _when(job.next_slot),
-            str(job.token or "-"),
-            f"{job.last_outcome} ({_when(job.last_slot)})" if job.last_outcome else "-",
+        rows.append(
+            (
+                job.job_key,
+                job.schedule,
+                job.state,
+                _when(job.next_slot),
+                str(job.token or "-"),
+                f"{job.last_outcome} ({_when(job.last_slot)})" if job.last_outcome else "-",
+            )
         )
-    Console().print(table)
+    show(("job", "schedule", "state", "next slot (db)", "token", "last outcome"), rows)
     for job in found:
         if job.quarantined is not None:
-            click.echo(f"{job.job_key}: {job.quarantined}")
+            click.echo(f"{printable(job.job_key)}: {printable(job.quarantined)}")
 
 
 @jobs_group.command("pause", context_settings=CONTEXT)
@@ -260,7 +274,7 @@ def jobs_pause(dsn: str | None, schema: str, log_level: str, log_format: str, ke
 
     with _client(dsn, schema, log_level, log_format) as client:
         changed = pause(client, key, channel=channel_name(schema))
-    click.echo(f"{key}: paused" if changed else f"{key}: was already paused")
+    click.echo(f"{printable(key)}: paused" if changed else f"{printable(key)}: was already paused")
 
 
 @jobs_group.command("resume", context_settings=CONTEXT)
@@ -278,10 +292,10 @@ def jobs_resume(dsn: str | None, schema: str, log_level: str, log_format: str, k
     with _client(dsn, schema, log_level, log_format) as client:
         done = resume(client, key, channel=channel_name(schema))
     if done is None:
-        click.echo(f"{key}: was not paused")
+        click.echo(f"{printable(key)}: was not paused")
     else:
         lifted = "quarantine lifted, " if done.quarantine is not None else ""
-        click.echo(f"{key}: {lifted}resumed, next slot {done.next_slot.isoformat()}")
+        click.echo(f"{printable(key)}: {lifted}resumed, next slot {done.next_slot.isoformat()}")
 
 
 @jobs_group.command("trigger", context_settings=CONTEXT)
@@ -297,7 +311,7 @@ def jobs_trigger(dsn: str | None, schema: str, log_level: str, log_format: str, 
     note = " (a trigger was already pending: one run)" if done.already_pending else ""
     if done.paused:
         note += "; the job is paused: it runs when resumed"
-    click.echo(f"{key}: triggered at {done.at.isoformat()}{note}")
+    click.echo(f"{printable(key)}: triggered at {done.at.isoformat()}{note}")
 
 
 @jobs_group.command("history", context_settings=CONTEXT)
@@ -305,7 +319,7 @@ def jobs_trigger(dsn: str | None, schema: str, log_level: str, log_format: str, 
 @click.argument("key", envvar="TENURE_JOB_KEY")
 @click.option(
     "--limit",
-    type=click.IntRange(min=1),
+    type=click.IntRange(1, 100_000),
     default=20,
     envvar="TENURE_LIMIT",
     show_envvar=True,
@@ -331,25 +345,28 @@ def jobs_history(
         for row in rows:
             click.echo(json.dumps(row.as_json()))
         return
-    if not rows:
-        click.echo(f"{key}: no runs recorded")
-        return
-    from rich.console import Console
-    from rich.table import Table
+    from .tables import show
 
-    table = Table("slot (db)", "kind", "token", "outcome", "started", "finished", "worker", "error")
-    for row in rows:
-        table.add_row(
-            _when(row.slot),
-            row.kind if row.attempt == 1 else f"{row.kind} #{row.attempt}",
-            str(row.token),
-            row.outcome,
-            _when(row.started_at),
-            _when(row.finished_at),
-            f"{row.host}:{row.pid}",
-            row.error or "",
-        )
-    Console().print(table)
+    if not rows:
+        click.echo(f"{printable(key)}: no runs recorded")
+        return
+    show(
+        ("slot (db)", "kind", "token", "outcome", "started", "finished", "worker", "error"),
+        [
+            (
+                _when(row.slot),
+                row.kind if row.attempt == 1 else f"{row.kind} #{row.attempt}",
+                str(row.token),
+                row.outcome,
+                _when(row.started_at),
+                _when(row.finished_at),
+                f"{row.host}:{row.pid}",
+                row.error or "",
+            )
+            for row in rows
+        ],
+        title=f"{key}: newest first",
+    )
 
 
 # Declared types for tenure.cli, which imports these back (mypy cannot infer decorated names

@@ -51,6 +51,9 @@ TABLES: tuple[TableNeed, ...] = (
         "outbox.enqueue, `tenure relay`, `tenure outbox` (DELETE: `outbox purge`)",
     ),
     TableNeed("inbox", ("SELECT", "INSERT"), "tenure.inbox.claim (consumers)"),
+    TableNeed(
+        "exec_runs", ("SELECT", "INSERT", "UPDATE"), "`tenure exec` run history, `tenure status`"
+    ),
 )
 
 #: Functions tenure's statements call that an administrator might have revoked from PUBLIC.

@@ -12,5 +12,7 @@ def one_line(text: str) -> str:
 
 
 def say(text: str) -> None:
-    """One line on stderr: the command owns stdout."""
-    click.echo(f"{PROG}: {one_line(text)}", err=True)
+    """One line on stderr: the command owns stdout. Never a password (a DSN may be quoted)."""
+    from ..db.dsn import redact
+
+    click.echo(f"{PROG}: {redact(one_line(text))}", err=True)

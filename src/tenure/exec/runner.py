@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .history import record_finish, record_start
 from .output import say
 from .slots import SlotState, record_slot, slot_state
 from .supervisor import Interrupted, Supervisor, exit_code
@@ -198,15 +199,22 @@ def _run_leased(
         env.pop("TENURE_SLOT", None)
     child.token = lease.token
     lease.on_lost(child.lease_lost)
+    record_start(client, req.key, lease.token, slot)
+
+    def finish(outcome: str, code: int, error: str | None = None) -> None:
+        record_finish(client, req.key, lease.token, outcome, code, error)
+
     try:
         started = child.spawn(req.command, env)
     except OSError as exc:
         code = EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_NOT_EXECUTABLE
         why = "not found" if code == EXIT_NOT_FOUND else "cannot be executed"
         say(f"error: command {req.command[0]!r} {why} ({exc.strerror}); lease released")
+        finish("failed", code, f"command {req.command[0]!r} {why} ({exc.strerror})")
         return code, "not_started"
     if not started:
         say(f"lease {req.key!r} token {lease.token} was lost before the command started")
+        finish("lease_lost", EXIT_LEASE_LOST, "the lease was lost before the command started")
         return EXIT_LEASE_LOST, "lease_lost"
     try:
         log.info("started %s as pid %s", req.command[0], child.pid, extra=extra)
@@ -221,11 +229,20 @@ def _run_leased(
             f"lease {req.key!r} token {lease.token} lost while the command ran "
             f"({child.lost_reason}); the command was stopped (its exit status: {code})"
         )
+        finish("lease_lost", code, child.lost_reason)
         return EXIT_LEASE_LOST, "lease_lost"
     if code != 0:
+        finish("failed", code, f"exit status {code}")
         return code, "failed"
     if slot is not None:
-        return _record(client, lease, slot, extra)
+        code, outcome = _record(client, lease, slot, extra)
+        if outcome != "succeeded":
+            # The command succeeded, its slot was not marked done: the run failed its
+            # promise of once per slot (or lost its lease first).
+            recorded = "lease_lost" if outcome == "lease_lost" else "failed"
+            finish(recorded, code, f"exit status 0, but the slot was not marked done ({outcome})")
+            return code, outcome
+    finish("succeeded", code)
     return code, "succeeded"
 
 

@@ -33,14 +33,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import make_conninfo
 
 from ..db import migrations
-from ..db.dsn import describe
+from ..db.dsn import describe, parse, redact, remember
 from ..db.privileges import FUNCTIONS, TABLES
 from ..db.queries import queries
 from ..db.timeouts import CONNECTION_KWARGS, TIMEOUTS
-from ..errors import translate
+from ..errors import TenureError, translate
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 MIN_SERVER = 120000  # PostgreSQL 12: generated columns (scheduler tables)
@@ -104,7 +104,17 @@ def diagnose(dsn: str | None, schema: str, *, origin: str | None = None) -> list
     finally:
         if ctx.conn is not None:
             ctx.conn.close()
-    return ctx.found
+    # A server or driver message may quote the DSN: the report never shows a password.
+    return [
+        Check(
+            c.name,
+            c.status,
+            redact(c.summary, ctx.conninfo),
+            tuple((k, redact(v, ctx.conninfo)) for k, v in c.details),
+            None if c.advice is None else redact(c.advice, ctx.conninfo),
+        )
+        for c in ctx.found
+    ]
 
 
 # -- the checks ------------------------------------------------------------------------------
@@ -125,15 +135,12 @@ def _dsn(ctx: _Context, dsn: str | None, origin: str | None) -> Check:
 
         dsn, source = emb.dsn(), "the embedded server (no --dsn, $TENURE_DSN or $DATABASE_URL)"
     assert dsn is not None
+    remember(dsn)
     try:
-        params = conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError as exc:
-        return Check(
-            "dsn",
-            FAIL,
-            f"the DSN from {source} cannot be parsed: {' '.join(str(exc).split())}",
-            advice="use a URI (postgresql://user@host:5432/dbname) or key=value pairs",
-        )
+        params = parse(dsn, source)
+    except TenureError as exc:
+        message, _, advice = str(exc).partition("; ")
+        return Check("dsn", FAIL, message, advice=advice or None)
     ctx.conninfo, ctx.where = dsn, describe(dsn)
     details = [("source", source), ("target", ctx.where)]
     if params.get("password"):

@@ -41,7 +41,7 @@ from typing import Any
 import psycopg
 
 from ..db import migrations
-from ..db.dsn import describe, resolve
+from ..db.dsn import describe, redact, resolve
 from ..db.queries import queries
 from ..db.timeouts import CONNECTION_KWARGS
 from ..errors import ConfigurationError
@@ -274,7 +274,8 @@ class Database:
 
 
 def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
+    # Shown on /readyz and in logs: never a password.
+    return redact(" ".join(str(exc).split())) or type(exc).__name__
 
 
 # -- Prometheus ------------------------------------------------------------------------------

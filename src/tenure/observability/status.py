@@ -3,8 +3,9 @@
 One statement (``db/sql/status.sql``) per call: the lease (holder token, expiry), the schedule
 (next slot, paused), the newest run and its outcome, and counts and duration percentiles
 over a recent window from the scheduler's run history. Every time is the database clock.
-Jobs run by ``tenure exec`` or the library alone have a lease and maybe a result, but no
-run history: their counts are zero and their percentiles empty.
+Runs come from the scheduler's history (``job_runs``) and ``tenure exec``'s
+(``exec_runs``, kind ``exec``); jobs run by the library alone have a lease and maybe a
+result, but no run history: their counts are zero and their percentiles empty.
 """
 
 from __future__ import annotations
@@ -21,23 +22,28 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class LastRun:
-    slot: dt.datetime
+    """The newest run. ``kind`` is ``exec`` for a ``tenure exec`` run, whose ``slot`` is its
+    ``--slot``/``--every`` text (or None) and which has the command's ``exit_code``."""
+
+    slot: dt.datetime | str | None
     kind: str
     token: int
     outcome: str
     started_at: dt.datetime
     finished_at: dt.datetime | None
     error: str | None
+    exit_code: int | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
-            "slot": self.slot.isoformat(),
+            "slot": self.slot.isoformat() if isinstance(self.slot, dt.datetime) else self.slot,
             "kind": self.kind,
             "token": self.token,
             "outcome": self.outcome,
             "started_at": self.started_at.isoformat(),
             "finished_at": _iso(self.finished_at),
             "error": self.error,
+            "exit_code": self.exit_code,
         }
 
 
@@ -112,12 +118,21 @@ def overview(client: Client, *, window: float = 3600.0) -> list[JobOverview]:
     found = []
     for row in rows:
         key, token, owner, until, held, left, scheduled, paused, next_slot = row[:9]
-        slot, kind, run_token, outcome, started, finished, error = row[9:16]
-        runs, failures, lost, stale, durations, result_token, result_at, now = row[16:24]
-        quarantined = row[24]
+        slot, exec_slot, kind, run_token, outcome, started, finished, error, code = row[9:18]
+        runs, failures, lost, stale, durations, result_token, result_at, now = row[18:26]
+        quarantined = row[26]
         last = None
-        if slot is not None:
-            last = LastRun(slot, kind, run_token, outcome, started, finished, error)
+        if started is not None:
+            last = LastRun(
+                slot if kind != "exec" else exec_slot,
+                kind,
+                run_token,
+                outcome,
+                started,
+                finished,
+                error,
+                code,
+            )
         p50, p95, p99 = durations if durations is not None else (None, None, None)
         found.append(
             JobOverview(

@@ -33,3 +33,19 @@ INSERT INTO {schema}.exec_slots (job_key, slot, token, completed_at)
 VALUES (%(job_key)s, %(slot)s, %(token)s, clock_timestamp())
 ON CONFLICT (job_key, slot) DO NOTHING
 RETURNING token;
+
+-- name: exec_run_start
+-- History for `tenure status`: the command is about to start under this token. Not fenced:
+-- it is a record of what happened, and the lease was just taken with this token.
+INSERT INTO {schema}.exec_runs (job_key, token, slot, host, pid, started_at, outcome)
+VALUES (%(job_key)s, %(token)s, %(slot)s, %(host)s, %(pid)s, clock_timestamp(), 'running')
+ON CONFLICT (job_key, token) DO NOTHING
+RETURNING run_id;
+
+-- name: exec_run_finish
+-- The command ended (or was stopped when the lease was lost).
+UPDATE {schema}.exec_runs
+SET finished_at = clock_timestamp(), outcome = %(outcome)s, exit_code = %(exit_code)s,
+    error = %(error)s
+WHERE job_key = %(job_key)s AND token = %(token)s
+RETURNING run_id;

@@ -1,5 +1,6 @@
 -- `tenure status`: one row per job key that has a lease or a schedule, read from the database
--- alone, so it shows what every process did. Every time is the database clock.
+-- alone, so it shows what every process did: the scheduler's runs (job_runs) and `tenure
+-- exec`'s (exec_runs) alike. Every time is the database clock.
 -- {schema} is substituted as an identifier.
 
 -- name: status_jobs
@@ -13,6 +14,15 @@ WITH clock AS (
     SELECT job_key FROM {schema}.job_leases
     UNION
     SELECT job_key FROM {schema}.scheduled_jobs
+), runs AS (
+    SELECT r.job_key, r.outcome, r.started_at, r.finished_at
+    FROM {schema}.job_runs AS r, clock AS c
+    WHERE r.recorded_at >= c.now - %(window)s::interval
+      AND r.started_at IS NOT NULL
+    UNION ALL
+    SELECT e.job_key, e.outcome, e.started_at, e.finished_at
+    FROM {schema}.exec_runs AS e, clock AS c
+    WHERE e.recorded_at >= c.now - %(window)s::interval
 ), recent AS (
     SELECT r.job_key,
            count(*) AS runs,
@@ -23,9 +33,7 @@ WITH clock AS (
                ORDER BY extract(epoch FROM r.finished_at - r.started_at)::float8
            ) FILTER (WHERE r.outcome IN ('succeeded', 'failed') AND r.finished_at IS NOT NULL)
                AS durations
-    FROM {schema}.job_runs AS r, clock AS c
-    WHERE r.recorded_at >= c.now - %(window)s::interval
-      AND r.started_at IS NOT NULL
+    FROM runs AS r
     GROUP BY r.job_key
 )
 SELECT k.job_key,
@@ -38,12 +46,14 @@ SELECT k.job_key,
        j.paused,
        j.next_slot,
        last.slot,
+       last.exec_slot,
        last.kind,
        last.token,
        last.outcome,
        last.started_at,
        last.finished_at,
        last.error,
+       last.exit_code,
        coalesce(w.runs, 0),
        coalesce(w.failures, 0),
        coalesce(w.lost_leases, 0),
@@ -59,11 +69,28 @@ LEFT JOIN {schema}.job_leases AS l ON l.job_key = k.job_key
 LEFT JOIN {schema}.scheduled_jobs AS j ON j.job_key = k.job_key
 LEFT JOIN {schema}.report_results AS res ON res.job_key = k.job_key
 LEFT JOIN recent AS w ON w.job_key = k.job_key
+-- The newest run: the scheduler's newest or exec's newest, whichever started last. An exec
+-- run still 'running' whose lease expired or moved on lost its tenure exec: abandoned.
 LEFT JOIN LATERAL (
-    SELECT r.slot, r.kind, r.token, r.outcome, r.started_at, r.finished_at, r.error
-    FROM {schema}.job_runs AS r
-    WHERE r.job_key = k.job_key AND r.started_at IS NOT NULL
-    ORDER BY r.run_id DESC
+    SELECT * FROM (
+        (SELECT r.slot, NULL::text AS exec_slot, r.kind, r.token, r.outcome, r.started_at,
+                r.finished_at, r.error, NULL::integer AS exit_code
+         FROM {schema}.job_runs AS r
+         WHERE r.job_key = k.job_key AND r.started_at IS NOT NULL
+         ORDER BY r.run_id DESC
+         LIMIT 1)
+        UNION ALL
+        (SELECT NULL::timestamptz, e.slot, 'exec', e.token,
+                CASE WHEN e.outcome = 'running'
+                      AND NOT (l.fencing_token = e.token AND l.lease_until >= c.now)
+                     THEN 'abandoned' ELSE e.outcome END,
+                e.started_at, e.finished_at, e.error, e.exit_code
+         FROM {schema}.exec_runs AS e
+         WHERE e.job_key = k.job_key
+         ORDER BY e.run_id DESC
+         LIMIT 1)
+    ) AS newest
+    ORDER BY newest.started_at DESC
     LIMIT 1
 ) AS last ON true
 ORDER BY k.job_key;
