@@ -18,7 +18,19 @@ class TenureError(Exception):
 
 
 class InvalidArgument(TenureError, ValueError):
-    """Bad input, detected before any SQL runs."""
+    """Bad input, detected before any SQL runs: the one exception tenure raises for an
+    argument it refuses (a bad value, or with :class:`InvalidArgumentType` a bad type).
+
+    It is a :class:`TenureError` (catch everything tenure raises) and a :class:`ValueError`
+    (what Python code expects of a refused value). The message says what is allowed; the
+    limits are listed in the README ("Limits and guarantees").
+    """
+
+
+class InvalidArgumentType(InvalidArgument, TypeError):
+    """An argument of the wrong type (``connect(12345)``, ``fence("not a connection", ...)``,
+    ``token=True``). Also a :class:`TypeError`, so ``except TypeError`` works as for any
+    Python function; ``except InvalidArgument`` catches both kinds."""
 
 
 class ConfigurationError(TenureError):
@@ -187,7 +199,18 @@ def translate(exc: psycopg.Error, doing: str, *, wrote: bool = False) -> TenureE
                 " run `tenure migrate` (or client.migrate())",
                 sqlstate=state,
             )
-    return DatabaseError(f"{doing}: {exc}", sqlstate=state)
+    return DatabaseError(f"{doing}: {_one_line(exc)}", sqlstate=state)
+
+
+def _one_line(exc: psycopg.Error) -> str:
+    """The server's message and detail on one line. str(exc) adds CONTEXT and the statement's
+    parameters on further lines: noise for an operator, and it may quote the caller's data."""
+    primary = exc.diag.message_primary
+    if primary is None:
+        return " ".join(str(exc).split())
+    detail = exc.diag.message_detail
+    text = f"{primary} ({detail})" if detail else primary
+    return " ".join(text.split()) + (f" [SQLSTATE {exc.sqlstate}]" if exc.sqlstate else "")
 
 
 @contextmanager

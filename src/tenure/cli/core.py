@@ -8,6 +8,7 @@ import sys
 import click
 
 from .common import CONTEXT, EXIT_ERROR, connect, db_options, handle_errors, setup_logs
+from .params import TOKEN
 
 
 @click.command(context_settings=CONTEXT)
@@ -94,7 +95,7 @@ def result() -> None:
 @click.option(
     "--token",
     required=True,
-    type=int,
+    type=TOKEN,
     envvar="TENURE_FENCING_TOKEN",
     show_envvar=True,
     help="Fencing token of this execution.",
@@ -108,13 +109,10 @@ def result_put(
     Exits 1 with a message naming both tokens when a newer token was accepted.
     """
     setup_logs(log_level, log_format)
-    from ..errors import InvalidArgument
+    from ..validation import parse_json
 
-    text = sys.stdin.read()
-    try:
-        payload = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InvalidArgument(f"stdin is not a JSON document: {exc}") from None
+    # Bytes: json decodes UTF-8 (or -16/-32) itself, and bad bytes become a clear error.
+    payload = parse_json(sys.stdin.buffer.read(), what="stdin")
     with connect(dsn, schema) as client:
         stored = client.results.put(key, payload, token=token)
     click.echo(f"{key}: stored with token {stored.token}")

@@ -13,6 +13,7 @@ from ..exec.output import PROG, one_line
 from ..exec.runner import EXIT_LEASE_LOST, EXIT_USAGE, ExecRequest, main, run_with_textfile
 from ..exec.slots import MAX_SLOT
 from .common import CONTEXT, db_options, setup_logs
+from .params import DURATION
 
 EPILOG = f"""\b
 Exit codes:
@@ -78,29 +79,6 @@ class ExecCommand(click.Command):
 
     def collect_usage_pieces(self, ctx: click.Context) -> list[str]:
         return ["[OPTIONS]", "--", "COMMAND", "[ARGS]..."]
-
-
-class DurationType(click.ParamType):  # type: ignore[type-arg]
-    """``30s``, ``250ms``, ``5m``, ``1h`` or plain seconds, in seconds (float)."""
-
-    name = "duration"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, float):
-            return value
-        from ..errors import InvalidArgument
-        from ..validation import parse_duration
-
-        try:
-            seconds = parse_duration(value)
-        except InvalidArgument:
-            self.fail(f"{value!r} is not a duration: use 250ms, 30s, 5m, 1h or seconds")
-        if seconds < 0:
-            self.fail(f"{value!r} is negative")
-        return seconds
-
-
-DURATION = DurationType()
 
 
 def _check_ttl(ctx: click.Context, param: click.Parameter, value: float) -> float:

@@ -16,6 +16,7 @@ from .common import (
     json_option_with,
     setup_logs,
 )
+from .params import DURATION
 
 
 @click.command(context_settings=CONTEXT)
@@ -23,6 +24,7 @@ from .common import (
 @json_option
 @click.option(
     "--window",
+    type=DURATION,
     default="1h",
     envvar="TENURE_STATUS_WINDOW",
     show_envvar=True,
@@ -30,7 +32,7 @@ from .common import (
 )
 @handle_errors
 def status(
-    dsn: str | None, schema: str, log_level: str, log_format: str, as_json: bool, window: str
+    dsn: str | None, schema: str, log_level: str, log_format: str, as_json: bool, window: float
 ) -> None:
     """Every job as the database sees it, whichever process did the work.
 
@@ -41,13 +43,11 @@ def status(
     setup_logs(log_level, log_format)
     from ..errors import InvalidArgument
     from ..observability.status import overview
-    from ..validation import parse_duration
 
-    seconds = parse_duration(window, what="--window")
-    if seconds <= 0:
-        raise InvalidArgument(f"--window must be positive, got {window!r}")
+    if window <= 0:
+        raise InvalidArgument(f"--window must be positive, got {window:g}s")
     with connect(dsn, schema) as client:
-        jobs = overview(client, window=seconds)
+        jobs = overview(client, window=window)
     if as_json:
         click.echo(json.dumps([job.as_json() for job in jobs], indent=2))
         return

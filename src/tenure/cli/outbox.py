@@ -18,6 +18,7 @@ from .common import (
     serve_from_cli,
     setup_logs,
 )
+from .params import DURATION, MESSAGE_ID
 
 
 @click.command(context_settings=CONTEXT)
@@ -60,6 +61,7 @@ from .common import (
 )
 @click.option(
     "--timeout",
+    type=DURATION,
     default="10s",
     envvar="TENURE_RELAY_TIMEOUT",
     show_envvar=True,
@@ -67,6 +69,7 @@ from .common import (
 )
 @click.option(
     "--visibility",
+    type=DURATION,
     default=None,
     envvar="TENURE_RELAY_VISIBILITY",
     show_envvar=True,
@@ -83,6 +86,7 @@ from .common import (
 )
 @click.option(
     "--backoff",
+    type=DURATION,
     default="1s",
     envvar="TENURE_RELAY_BACKOFF",
     show_envvar=True,
@@ -90,6 +94,7 @@ from .common import (
 )
 @click.option(
     "--backoff-max",
+    type=DURATION,
     default="5m",
     envvar="TENURE_RELAY_BACKOFF_MAX",
     show_envvar=True,
@@ -97,6 +102,7 @@ from .common import (
 )
 @click.option(
     "--poll",
+    type=DURATION,
     default="5s",
     envvar="TENURE_RELAY_POLL",
     show_envvar=True,
@@ -113,12 +119,12 @@ def relay(
     handler_specs: tuple[str, ...],
     topics: tuple[str, ...],
     concurrency: int,
-    timeout: str,
-    visibility: str | None,
+    timeout: float,
+    visibility: float | None,
     max_attempts: int,
-    backoff: str,
-    backoff_max: str,
-    poll: str,
+    backoff: float,
+    backoff_max: float,
+    poll: float,
     metrics_port: int | None,
     metrics_host: str,
 ) -> None:
@@ -278,7 +284,7 @@ def outbox_list(
 @click.option(
     "--id",
     "ids",
-    type=int,
+    type=MESSAGE_ID,
     multiple=True,
     envvar="TENURE_OUTBOX_IDS",
     show_envvar=True,
@@ -336,6 +342,7 @@ def outbox_retry(
 )
 @click.option(
     "--older-than",
+    type=DURATION,
     default="7d",
     envvar="TENURE_OUTBOX_PURGE_AGE",
     show_envvar=True,
@@ -345,7 +352,7 @@ def outbox_retry(
 @click.option(
     "--id",
     "ids",
-    type=int,
+    type=MESSAGE_ID,
     multiple=True,
     envvar="TENURE_OUTBOX_IDS",
     show_envvar=True,
@@ -361,7 +368,7 @@ def outbox_purge(
     log_level: str,
     log_format: str,
     state: str,
-    older_than: str,
+    older_than: float,
     ids: tuple[int, ...],
     topic: str | None,
 ) -> None:

@@ -25,6 +25,7 @@ from .common import (
     serve_from_cli,
     setup_logs,
 )
+from .params import DURATION, LIMIT
 
 if TYPE_CHECKING:
     from ..scheduler.app import Scheduler
@@ -89,6 +90,7 @@ def load_app(path: str) -> Scheduler:
 )
 @click.option(
     "--shutdown-grace",
+    type=DURATION,
     default=None,
     envvar="TENURE_SHUTDOWN_GRACE",
     show_envvar=True,
@@ -113,7 +115,7 @@ def worker_command(
     log_format: str,
     app: str,
     concurrency: int | None,
-    shutdown_grace: str | None,
+    shutdown_grace: float | None,
     migrate: bool,
     metrics_port: int | None,
     metrics_host: str,
@@ -243,7 +245,7 @@ def jobs_trigger(dsn: str | None, schema: str, log_level: str, log_format: str, 
 @click.argument("key", envvar="TENURE_JOB_KEY")
 @click.option(
     "--limit",
-    type=click.IntRange(min=1),
+    type=LIMIT,
     default=20,
     envvar="TENURE_LIMIT",
     show_envvar=True,

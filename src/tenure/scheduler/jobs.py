@@ -14,13 +14,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidArgument
-from ..validation import check_job_key
+from ..validation import check_int, check_job_key
 from .schedules import Schedule, phase_of
 
 if TYPE_CHECKING:
     from ..leases._sync.client import Client
 
 _US = dt.timedelta(microseconds=1)
+#: Most history rows one call returns.
+MAX_LIMIT = 100_000
 
 
 def channel_name(schema: str) -> str:
@@ -270,8 +272,7 @@ def trigger(client: Client, job_key: str, *, channel: str) -> Triggered:
 def history(client: Client, job_key: str, *, limit: int = 20) -> list[RunRecord]:
     """The newest ``limit`` history rows of ``job_key``, newest first."""
     check_job_key(job_key)
-    if limit < 1:
-        raise InvalidArgument(f"limit must be at least 1, got {limit}")
+    check_int(limit, what="limit", minimum=1, maximum=MAX_LIMIT)
     rows = client._fetch(
         "sched_history",
         {"job_key": job_key, "limit": limit},

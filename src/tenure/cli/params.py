@@ -1,0 +1,38 @@
+"""Option types that refuse bad values while the command line is parsed (a usage error,
+exit 2), with a message that says what is allowed: durations, fencing tokens, message ids
+and row limits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+#: PostgreSQL's bigint: tokens and message ids beyond it cannot exist.
+BIGINT_MAX = 2**63 - 1
+#: Most rows a list command prints.
+LIMIT_MAX = 100_000
+
+
+class DurationType(click.ParamType):  # type: ignore[type-arg]
+    """``30s``, ``250ms``, ``5m``, ``1h``, ``1d`` or plain seconds, in seconds (float), at
+    most 100 years (tenure's bound on every duration)."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, float):
+            return value
+        from ..errors import InvalidArgument
+        from ..validation import parse_duration
+
+        try:
+            return parse_duration(value, what=f"{value!r}")
+        except InvalidArgument as exc:
+            self.fail(str(exc).removeprefix(f"{value!r} "), param, ctx)
+
+
+DURATION = DurationType()
+TOKEN = click.IntRange(1, BIGINT_MAX)
+MESSAGE_ID = click.IntRange(1, BIGINT_MAX)
+LIMIT = click.IntRange(1, LIMIT_MAX)
