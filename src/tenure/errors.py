@@ -7,6 +7,7 @@ class (psycopg's ``diag.sqlstate``), never by parsing message text.
 from __future__ import annotations
 
 import datetime as dt
+import unicodedata
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -14,7 +15,30 @@ import psycopg
 
 
 class TenureError(Exception):
-    """Base class of every error tenure raises."""
+    """Base class of every error tenure raises.
+
+    Its message is one line: control characters that came from input (a newline in a schema
+    name, an escape sequence in a DSN) are shown escaped, so an error never breaks a log line
+    or drives a terminal.
+    """
+
+    def __init__(self, *args: object) -> None:
+        if args and isinstance(args[0], str):
+            args = (printable(args[0]), *args[1:])
+        super().__init__(*args)
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters and line separators escaped as in a repr."""
+    if text.isprintable():
+        return text
+    return "".join(_escape(ch) for ch in text)
+
+
+def _escape(ch: str) -> str:
+    if ch.isprintable() or ch == " " or unicodedata.category(ch) not in ("Cc", "Zl", "Zp"):
+        return ch
+    return repr(ch)[1:-1]  # '\n', '\x1b', '\u2028'
 
 
 class InvalidArgument(TenureError, ValueError):

@@ -25,7 +25,8 @@ from tests.hardening.hostile import SEEDED_KEY, SEEDED_TOPIC, TRIED, Seeded, sto
 _COMMON: dict[str, Any] = {
     "deadline": None,
     "suppress_health_check": [HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-    "print_blob": True,
+    "print_blob": True,  # a failure prints the @reproduce_failure line to replay it
+    "database": None,  # no .hypothesis/ directory in the tree
 }
 settings.register_profile("tenure-hardening", max_examples=25, **_COMMON)
 settings.register_profile("deep", max_examples=300, **_COMMON)

@@ -4,8 +4,9 @@ snapshot, the CLI assertions, and Hypothesis strategies for hostile values."""
 from __future__ import annotations
 
 import datetime as dt
+import math
+import os
 import traceback
-from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -20,6 +21,15 @@ TRIED: dict[str, int] = {}
 
 SEEDED_KEY = "seeded"
 SEEDED_TOPIC = "seeded.topic"
+
+
+#: Multiplies every property's number of examples (``TENURE_HYPOTHESIS_SCALE=10`` for a deep
+#: run); the default keeps the package well under a minute.
+SCALE = int(os.environ.get("TENURE_HYPOTHESIS_SCALE", "1"))
+
+
+def examples(n: int) -> int:
+    return max(1, n * SCALE)
 
 
 def tried(name: str) -> None:
@@ -57,13 +67,15 @@ def assert_kept(before: dict[str, set[str]], after: dict[str, set[str]]) -> None
         assert not missing, f"{table}: rows changed or deleted: {sorted(missing)[:3]}"
 
 
-@dataclass
 class Seeded:
-    client: tenure.Client
-    dsn: str
-    schema: str
-    token: int
-    before: dict[str, set[str]] = field(default_factory=dict)
+    """What the ``seeded`` fixture stored, and the check that it is still there."""
+
+    def __init__(self, client: tenure.Client, dsn: str, schema: str, token: int) -> None:
+        self.client, self.dsn, self.schema, self.token = client, dsn, schema, token
+        self.before: dict[str, set[str]] = {}
+
+    def __repr__(self) -> str:
+        return f"<Seeded schema={self.schema!r} token={self.token}>"
 
     def check(self) -> None:
         """Every row stored by the fixture is still there, unchanged."""
@@ -255,3 +267,89 @@ hostile_zones = st.one_of(
     hostile_text,
     wrong_types,
 )
+
+
+# -- the documented rules, stated independently of tenure's code --------------------------------
+
+
+def encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return "\x00" not in text
+
+
+def valid_text(value: object, max_chars: int, *, blank_ok: bool = False) -> bool:
+    """A key or name: a non-empty str (not only spaces unless ``blank_ok``), at most
+    ``max_chars`` characters, UTF-8 without NUL."""
+    return (
+        isinstance(value, str)
+        and bool(value if blank_ok else value.strip())
+        and len(value) <= max_chars
+        and encodable(value)
+    )
+
+
+def valid_schema(value: object) -> bool:
+    """1 to 63 bytes of UTF-8 without NUL, not starting with pg_."""
+    return (
+        isinstance(value, str)
+        and encodable(value)
+        and 1 <= len(value.encode("utf-8")) <= 63
+        and not value.lower().startswith("pg_")
+    )
+
+
+def valid_topic(value: object) -> bool:
+    return (
+        isinstance(value, str)
+        and 1 <= len(value) <= 200
+        and all(c.isascii() and (c.isalnum() or c in "_.:/-") for c in value)
+    )
+
+
+def payload_ok(payload: Any) -> bool:
+    """JSON values only (dict with str keys, list, str, int, finite float, bool, None), at
+    most 100 levels of nesting, no NUL or lone surrogate in any string, ints of at most 4300
+    digits (Python's own limit for int to text)."""
+    stack: list[tuple[Any, int]] = [(payload, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if value is None or isinstance(value, bool):
+            continue
+        if isinstance(value, int):
+            if value.bit_length() > 14_000:  # about 4300 digits
+                return False
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                return False
+        elif isinstance(value, str):
+            if not encodable(value):
+                return False
+        elif isinstance(value, list | dict):
+            if depth > 100:
+                return False
+            if isinstance(value, dict):
+                for key, item in value.items():
+                    if not isinstance(key, str) or not encodable(key):
+                        return False
+                    stack.append((item, depth + 1))
+            else:
+                stack.extend((item, depth + 1) for item in value)
+        else:
+            return False
+    return True
+
+
+def has_float(payload: Any) -> bool:
+    stack = [payload]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, float):
+            return True
+        if isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return False
