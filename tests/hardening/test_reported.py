@@ -218,3 +218,24 @@ def test_wrong_types_are_invalid_argument_type(dsn: str) -> None:
         tenure.connect(dsn, pool_size=True)
     with pytest.raises(tenure.InvalidArgumentType, match="number of seconds"):
         tenure.parse_duration(None)  # type: ignore[arg-type]
+
+
+# -- found while hardening --------------------------------------------------------------------
+
+
+def test_exec_slot_with_undecodable_bytes_is_a_usage_error(seeded: Seeded) -> None:
+    # argv bytes that are not UTF-8 arrive as lone surrogates (surrogateescape).
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "tenure", "exec", "--key", "ok", "--slot", b"\xff", "--", "true"],
+        env=tenure_env(seeded.dsn, seeded.schema),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "Traceback" not in out.stderr, out.stderr
+    lines = error_lines(out.stderr)
+    assert out.returncode == 2 and len(lines) == 1 and "--slot" in lines[0], out.stderr
+    seeded.check()

@@ -102,13 +102,16 @@ def _check_every(ctx: click.Context, param: click.Parameter, value: float | None
 
 
 def _check_slot(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    from ..errors import InvalidArgument
+
     if value is None:
         return None
-    if not value.strip() or len(value) > MAX_SLOT or "\x00" in value:
-        raise click.BadParameter(
-            f"a slot is 1 to {MAX_SLOT} characters without NUL, got {value[:40]!r}"
-        )
-    return value
+    from ..validation import check_text
+
+    try:
+        return check_text(value, what="a slot", max_chars=MAX_SLOT)
+    except InvalidArgument as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 def _check_key(ctx: click.Context, param: click.Parameter, value: str) -> str:
