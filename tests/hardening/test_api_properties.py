@@ -433,5 +433,12 @@ def test_async_entry_points_refuse_a_sync_connection_or_other_object(
     import asyncio
 
     for value in (conn_value, conn):
-        with pytest.raises(tenure.InvalidArgumentType, match="AsyncConnection"):
-            asyncio.run(tenure.fence_async(value, "k", 1))
+        for coroutine in (
+            tenure.fence_async(value, "k", 1),
+            tenure.outbox.enqueue_async(value, "t", "k", {}),
+            tenure.inbox.claim_async(value, "c", "k"),
+        ):
+            with pytest.raises(tenure.InvalidArgumentType, match="AsyncConnection"):
+                asyncio.run(coroutine)
+    with pytest.raises(tenure.InvalidArgumentType, match="dsn"):
+        asyncio.run(tenure.connect_async(12345))  # type: ignore[arg-type]

@@ -8,6 +8,7 @@ usage errors is asserted in separate tests marked xfail until the CLI part of #1
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 
 import psycopg
@@ -239,3 +240,36 @@ def test_exec_slot_with_undecodable_bytes_is_a_usage_error(seeded: Seeded) -> No
     lines = error_lines(out.stderr)
     assert out.returncode == 2 and len(lines) == 1 and "--slot" in lines[0], out.stderr
     seeded.check()
+
+
+def test_lease_on_lost_refuses_a_non_callable(seeded: Seeded) -> None:
+    lease = seeded.client.acquire("on-lost", ttl=60)
+    assert lease is not None
+    with pytest.raises(tenure.InvalidArgumentType, match="callable"):
+        lease.on_lost(42)  # type: ignore[arg-type]
+    lease.release()  # a stored non-callable would have raised here, in the loss path
+    seeded.check()
+
+
+@pytest.mark.parametrize("seconds", [math.nan, "soon", -1, None], ids=repr)
+def test_job_context_wait_refuses_what_is_not_a_duration(seconds: object) -> None:
+    import asyncio
+    import types
+
+    async def make() -> tenure.JobContext:
+        return tenure.JobContext(
+            job_key="k",
+            token=1,
+            slot=dt.datetime.now(dt.UTC),
+            kind="scheduled",
+            attempt=1,
+            # wait() reads only the lease's `lost` flag, and never the client.
+            lease=types.SimpleNamespace(lost=False),  # type: ignore[arg-type]
+            client=None,  # type: ignore[arg-type]
+            worker_id="w",
+        )
+
+    ctx = asyncio.run(make())
+    with pytest.raises(tenure.InvalidArgument):
+        ctx.wait(seconds)  # type: ignore[arg-type]
+    assert ctx.wait(0.01) is False
