@@ -124,7 +124,7 @@ def _drop(dsn: str, schema: str) -> None:
         )
 
 
-@pytest.mark.parametrize("name", ["t%b_pct", "t%s%%(x)s", "q\"u'o{te}"])
+@pytest.mark.parametrize("name", ["t%b_pct", "t%s%%(x)s", "q\"u'o{te}", "é" * 31 + "%"])
 def test_schema_with_percent_and_quotes_works_everywhere(dsn: str, name: str) -> None:
     try:
         with tenure.connect(dsn, schema=name, migrate=True) as client:
@@ -137,10 +137,30 @@ def test_schema_with_percent_and_quotes_works_everywhere(dsn: str, name: str) ->
                 assert tenure.outbox.enqueue(conn, "t", "m1", {}, schema=name)
                 assert tenure.inbox.claim(conn, "c", "m1", schema=name)
             assert [m.key for m in tenure.outbox.messages(client)] == ["m1"]
+            _notified_on_channels(dsn, name)
             assert client.schema_version() is not None
             assert client.migrate() == []
     finally:
         _drop(dsn, name)
+
+
+def _notified_on_channels(dsn: str, schema: str) -> None:
+    """The outbox's and the scheduler's LISTEN/NOTIFY channels work for this schema: LISTEN
+    as the relay and the worker do, then an enqueue and a pause notify them."""
+    from tenure.scheduler.jobs import channel_name
+
+    channels = {tenure.outbox.channel(schema), channel_name(schema)}
+    assert all(len(c.encode()) <= 63 for c in channels), channels
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        for name in channels:
+            listener.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(name)))
+        with psycopg.connect(dsn) as conn, conn.transaction():
+            tenure.outbox.enqueue(conn, "t", "m2", {}, schema=schema)
+        app = tenure.Scheduler(dsn, schema=schema)
+        app.job("j", every="1h")(lambda ctx: None)
+        app.register()
+        heard = {n.channel for n in listener.notifies(timeout=5, stop_after=2)}
+    assert heard == channels, (heard, channels)
 
 
 def test_schema_name_is_limited_by_its_bytes_not_its_characters(dsn: str) -> None:
