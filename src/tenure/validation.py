@@ -28,6 +28,8 @@ MAX_IDENTIFIER_BYTES = 63
 MAX_JSON_DEPTH = 100
 #: Largest value of a PostgreSQL bigint (tokens, message ids, limits).
 MAX_BIGINT = 2**63 - 1
+#: Most runs in flight on one scheduler worker (sync jobs each take a thread).
+MAX_CONCURRENCY = 10_000
 
 # re.ASCII: "٣s" is not a duration, and no Unicode space may hide in one.
 _DURATION = re.compile(r"\s*(\d{1,15}(?:\.\d{1,9})?)\s*(ms|s|m|h|d)?\s*", re.ASCII)

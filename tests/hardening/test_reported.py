@@ -293,3 +293,13 @@ def test_job_context_wait_refuses_what_is_not_a_duration(seconds: object) -> Non
     with pytest.raises(tenure.InvalidArgument):
         ctx.wait(seconds)  # type: ignore[arg-type]
     assert ctx.wait(0.01) is False
+
+
+def test_worker_concurrency_beyond_the_limit_is_a_usage_error(
+    seeded: Seeded, cli_runner: CliRunner
+) -> None:
+    args = ["worker", "tests.support.scheduler_apps:slow", "--concurrency", str(2**70)]
+    result = cli_runner.invoke(cli, args)
+    assert_refused(result)
+    assert result.exit_code == 2 and "10000" in error_lines(result.stderr)[-1], result.stderr
+    seeded.check()

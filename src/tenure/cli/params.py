@@ -8,6 +8,8 @@ from typing import Any
 
 import click
 
+from ..validation import MAX_CONCURRENCY
+
 #: PostgreSQL's bigint: tokens and message ids beyond it cannot exist.
 BIGINT_MAX = 2**63 - 1
 #: Most rows a list command prints.
@@ -36,3 +38,4 @@ DURATION = DurationType()
 TOKEN = click.IntRange(1, BIGINT_MAX)
 MESSAGE_ID = click.IntRange(1, BIGINT_MAX)
 LIMIT = click.IntRange(1, LIMIT_MAX)
+CONCURRENCY = click.IntRange(1, MAX_CONCURRENCY)

@@ -25,7 +25,7 @@ from .common import (
     serve_from_cli,
     setup_logs,
 )
-from .params import DURATION, LIMIT
+from .params import CONCURRENCY, DURATION, LIMIT
 
 if TYPE_CHECKING:
     from ..scheduler.app import Scheduler
@@ -81,7 +81,7 @@ def load_app(path: str) -> Scheduler:
 @click.argument("app", envvar="TENURE_APP")
 @click.option(
     "--concurrency",
-    type=click.IntRange(min=1),
+    type=CONCURRENCY,
     default=None,
     envvar="TENURE_CONCURRENCY",
     show_envvar=True,

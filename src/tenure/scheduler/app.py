@@ -41,6 +41,7 @@ from typing import Any, TypeVar
 
 from ..errors import InvalidArgument
 from ..validation import (
+    MAX_CONCURRENCY,
     Duration,
     check_dsn,
     check_int,
@@ -61,8 +62,6 @@ DEFAULT_TTL = "30s"
 DEFAULT_CONCURRENCY = 8
 DEFAULT_SHUTDOWN_GRACE = "30s"
 DEFAULT_RETENTION = "7d"
-#: Runs in flight per worker: sync jobs each take a thread.
-MAX_CONCURRENCY = 10_000
 
 
 class Scheduler:
