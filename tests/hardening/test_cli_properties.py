@@ -161,12 +161,13 @@ def test_integer_options_in_one_line(
 
 # -- keys -------------------------------------------------------------------------------------
 
+# A positional KEY follows `--`, as a key like "-0" needs on any command line.
 KEY_COMMANDS = {
     "release --key": ["release", "--key"],
     "result get --key": ["result", "get", "--key"],
-    "jobs history": ["jobs", "history"],
-    "jobs pause": ["jobs", "pause"],
-    "jobs trigger": ["jobs", "trigger"],
+    "jobs history": ["jobs", "history", "--"],
+    "jobs pause": ["jobs", "pause", "--"],
+    "jobs trigger": ["jobs", "trigger", "--"],
 }
 
 
@@ -174,6 +175,7 @@ KEY_COMMANDS = {
 @given(command=st.sampled_from(sorted(KEY_COMMANDS)), key=hostile_text)
 @example(command="release --key", key="\ud800")
 @example(command="jobs pause", key="k" * 201)
+@example(command="jobs history", key="-0")
 def test_key_arguments(seeded: Seeded, cli_runner: CliRunner, command: str, key: str) -> None:
     tried("cli: job keys")
     if key in (SEEDED_KEY, "seeded-job"):
@@ -204,6 +206,8 @@ def _dumps(payload: Any) -> bytes:
         return json.dumps(payload, default=str, allow_nan=True).encode()
     except ValueError:  # an int of more than 4300 digits
         return b"1" * 5000
+    except RecursionError:  # nested deeper than json.dumps goes: write it by hand
+        return b"[" * 3000 + b"]" * 3000
 
 
 stdin_documents = st.one_of(
