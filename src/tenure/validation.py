@@ -31,8 +31,11 @@ MAX_BIGINT = 2**63 - 1
 #: Most runs in flight on one scheduler worker (sync jobs each take a thread).
 MAX_CONCURRENCY = 10_000
 
-# re.ASCII: "٣s" is not a duration, and no Unicode space may hide in one.
-_DURATION = re.compile(r"\s*(\d{1,15}(?:\.\d{1,9})?)\s*(ms|s|m|h|d)?\s*", re.ASCII)
+# Matched on the stripped text, so no two optional runs of spaces are adjacent (they made
+# the match quadratic on long input). re.ASCII: "٣s" is not a duration.
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?", re.ASCII)
+#: Longest duration text: "36500d", "2.5s" and their like are short.
+MAX_DURATION_TEXT = 40
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
 Duration = float | int | str | dt.timedelta
@@ -44,7 +47,7 @@ def parse_duration(value: Duration, *, what: str = "duration") -> float:
     Refused (:class:`InvalidArgument`): other types, negative, NaN or infinite values, and
     anything longer than 100 years (``36500d``).
     """
-    seconds: float | None = None
+    seconds: float
     if isinstance(value, bool) or not isinstance(value, int | float | str | dt.timedelta):
         raise InvalidArgumentType(
             f"{what} must be a number of seconds, a timedelta or a string like '30s', "
@@ -58,7 +61,12 @@ def parse_duration(value: Duration, *, what: str = "duration") -> float:
         except OverflowError:
             seconds = math.inf
     else:
-        m = _DURATION.fullmatch(value)
+        if len(value) > MAX_DURATION_TEXT:
+            raise InvalidArgument(
+                f"{what} {_show(value)} is too long for a duration ({len(value)} characters); "
+                "use seconds or a number with a unit: 250ms, 30s, 5m, 1h, 1d"
+            )
+        m = _DURATION.fullmatch(value.strip(" \t\n\r\f\v"))
         if m is None:
             raise InvalidArgument(
                 f"{what} {_show(value)} is not a duration; use seconds or a number with a "

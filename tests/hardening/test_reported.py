@@ -303,3 +303,11 @@ def test_worker_concurrency_beyond_the_limit_is_a_usage_error(
     assert_refused(result)
     assert result.exit_code == 2 and "10000" in error_lines(result.stderr)[-1], result.stderr
     seeded.check()
+
+
+def test_a_long_duration_string_is_refused_by_its_length() -> None:
+    # The pattern's adjacent optional spaces backtracked quadratically: 20000 spaces took
+    # seconds. Durations are short; longer text is refused before any pattern runs.
+    with pytest.raises(tenure.InvalidArgument, match="too long"):
+        tenure.parse_duration("1" + " " * 20_000 + "x")
+    assert tenure.parse_duration("  1.5 m ") == 90.0
