@@ -16,6 +16,7 @@ from .errors import (
     DatabaseError,
     DatabaseUnavailable,
     InvalidArgument,
+    InvalidArgumentType,
     JobOwnedByAnotherApp,
     LeaseBusy,
     LeaseError,
@@ -25,6 +26,7 @@ from .errors import (
     TenureError,
     Timeout,
     TokenNotIssued,
+    UnknownJob,
 )
 from .leases._sync.client import Client, connect
 from .leases._sync.fencing import fence
@@ -88,6 +90,7 @@ __all__ = [
     "DatabaseError",
     "DatabaseUnavailable",
     "InvalidArgument",
+    "InvalidArgumentType",
     "JobContext",
     "JobOwnedByAnotherApp",
     "Lease",
@@ -105,6 +108,7 @@ __all__ = [
     "TenureError",
     "Timeout",
     "TokenNotIssued",
+    "UnknownJob",
     "connect",
     "connect_async",
     "fence",

@@ -7,6 +7,7 @@ class (psycopg's ``diag.sqlstate``), never by parsing message text.
 from __future__ import annotations
 
 import datetime as dt
+import unicodedata
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -14,11 +15,51 @@ import psycopg
 
 
 class TenureError(Exception):
-    """Base class of every error tenure raises."""
+    """Base class of every error tenure raises.
+
+    Its message is one line: control characters that came from input (a newline in a schema
+    name, an escape sequence in a DSN) are shown escaped, so an error never breaks a log line
+    or drives a terminal.
+    """
+
+    def __init__(self, *args: object) -> None:
+        if args and isinstance(args[0], str):
+            args = (printable(args[0]), *args[1:])
+        super().__init__(*args)
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters and line separators escaped as in a repr."""
+    if text.isprintable():
+        return text
+    return "".join(_escape(ch) for ch in text)
+
+
+def _escape(ch: str) -> str:
+    if ch.isprintable() or ch == " " or unicodedata.category(ch) not in ("Cc", "Zl", "Zp"):
+        return ch
+    return repr(ch)[1:-1]  # '\n', '\x1b', '\u2028'
 
 
 class InvalidArgument(TenureError, ValueError):
-    """Bad input, detected before any SQL runs."""
+    """Bad input, detected before any SQL runs: the one exception tenure raises for an
+    argument it refuses (a bad value, or with :class:`InvalidArgumentType` a bad type).
+
+    It is a :class:`TenureError` (catch everything tenure raises) and a :class:`ValueError`
+    (what Python code expects of a refused value). The message says what is allowed; the
+    limits are listed in the README ("Limits and guarantees").
+    """
+
+
+class InvalidArgumentType(InvalidArgument, TypeError):
+    """An argument of the wrong type (``connect(12345)``, ``fence("not a connection", ...)``,
+    ``token=True``). Also a :class:`TypeError`, so ``except TypeError`` works as for any
+    Python function; ``except InvalidArgument`` catches both kinds."""
+
+
+class UnknownJob(TenureError, LookupError):
+    """No scheduled job has this key (``tenure jobs pause KEY`` and the like): a runtime
+    answer about the database's contents, not a malformed argument."""
 
 
 class ConfigurationError(TenureError):
@@ -215,7 +256,18 @@ def translate(exc: psycopg.Error, doing: str, *, wrote: bool = False) -> TenureE
                 " run `tenure migrate` (or client.migrate())",
                 sqlstate=state,
             )
-    return DatabaseError(f"{doing}: {exc}", sqlstate=state)
+    return DatabaseError(f"{doing}: {_one_line(exc)}", sqlstate=state)
+
+
+def _one_line(exc: psycopg.Error) -> str:
+    """The server's message and detail on one line. str(exc) adds CONTEXT and the statement's
+    parameters on further lines: noise for an operator, and it may quote the caller's data."""
+    primary = exc.diag.message_primary
+    if primary is None:
+        return " ".join(str(exc).split())
+    detail = exc.diag.message_detail
+    text = f"{primary} ({detail})" if detail else primary
+    return " ".join(text.split()) + (f" [SQLSTATE {exc.sqlstate}]" if exc.sqlstate else "")
 
 
 @contextmanager

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import InvalidArgumentType
+
 log = logging.getLogger("tenure.metrics")
 
 #: Event names and the outcome values each carries.
@@ -74,6 +76,10 @@ _lock = threading.Lock()
 
 def subscribe(listener: Listener) -> Callable[[], None]:
     """Call ``listener`` for every event; returns a function that unsubscribes it."""
+    if not callable(listener):
+        raise InvalidArgumentType(
+            f"listener must be callable (it receives an Event), got {listener!r}"
+        )
     with _lock:
         _listeners.append(listener)
 

@@ -15,7 +15,6 @@ turns whatever escapes a command into that one line.
 
 from __future__ import annotations
 
-import datetime as dt
 import functools
 import os
 import sys
@@ -101,11 +100,11 @@ class TenureGroup(click.Group):
         except click.Abort:
             fail("interrupted", EXIT_INTERRUPTED)
         except Exception as exc:
-            from ..errors import TenureError
+            from ..errors import InvalidArgument, TenureError
 
             prog = f"{PROG} exec" if argv[:1] == ["exec"] else PROG
             if isinstance(exc, TenureError):
-                fail(str(exc), prog=prog)
+                fail(str(exc), EXIT_USAGE if isinstance(exc, InvalidArgument) else EXIT_ERROR, prog)
             if isinstance(exc, BrokenPipeError):
                 # The reader went away (`tenure jobs list | head`): nothing to tell it, and
                 # no flush at exit that would fail again.
@@ -119,48 +118,6 @@ class TenureGroup(click.Group):
                 prog=prog,
             )
         sys.exit(result if isinstance(result, int) else 0)
-
-
-class DurationType(click.ParamType):  # type: ignore[type-arg]
-    """``30s``, ``250ms``, ``5m``, ``1h``, ``1d`` or plain seconds: a bad one is a usage
-    error (exit 2). Converts to seconds (float), or keeps the text with ``as_text``."""
-
-    name = "duration"
-
-    def __init__(self, *, as_text: bool = False, positive: bool = False) -> None:
-        self.as_text = as_text
-        self.positive = positive
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        from ..errors import InvalidArgument
-        from ..validation import parse_duration
-
-        try:
-            seconds = parse_duration(value)
-            dt.timedelta(seconds=seconds)  # what the database and the scheduler compute with
-        except InvalidArgument:
-            self.fail(f"{value!r} is not a duration: use 250ms, 30s, 5m, 1h, 1d or seconds")
-        except (OverflowError, ValueError):
-            self.fail(f"{value!r} is too long to be a duration")
-        if seconds < 0 or (self.positive and seconds == 0):
-            self.fail(f"{value!r} must be {'positive' if self.positive else 'zero or more'}")
-        if self.as_text and isinstance(value, str):
-            return value
-        return seconds
-
-
-DURATION = DurationType()
-
-
-def check_ttl_option(ctx: click.Context, param: click.Parameter, value: float) -> float:
-    """A lease TTL option: out of range is a usage error."""
-    from ..errors import InvalidArgument
-    from ..validation import check_ttl
-
-    try:
-        return check_ttl(value)
-    except InvalidArgument as exc:
-        raise click.BadParameter(str(exc)) from None
 
 
 def usage_error(message: str) -> NoReturn:
@@ -221,10 +178,13 @@ def handle_errors(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from ..errors import TenureError
+        from ..errors import InvalidArgument, TenureError
 
         try:
             return fn(*args, **kwargs)
+        except InvalidArgument as exc:
+            # Refused input (a key, a payload, a name checked inside the command): usage.
+            fail(str(exc), EXIT_USAGE)
         except TenureError as exc:
             fail(str(exc))
 

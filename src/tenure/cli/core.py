@@ -9,16 +9,8 @@ import sys
 import click
 from click.core import ParameterSource
 
-from .common import (
-    CONTEXT,
-    DURATION,
-    EXIT_ERROR,
-    check_ttl_option,
-    connect,
-    db_options,
-    handle_errors,
-    setup_logs,
-)
+from .common import CONTEXT, EXIT_ERROR, connect, db_options, handle_errors, setup_logs
+from .params import DURATION, TOKEN, check_ttl_option
 from .tables import printable
 
 #: Set by `tenure exec` in its command's environment (with the token): the lease is held.
@@ -112,7 +104,7 @@ def result() -> None:
 @click.option(
     "--token",
     required=True,
-    type=int,
+    type=TOKEN,
     envvar="TENURE_FENCING_TOKEN",
     show_envvar=True,
     help="Fencing token of this execution.",
@@ -143,7 +135,7 @@ def result_put(
     Exits 1 with a message naming both tokens when the write is refused.
     """
     setup_logs(log_level, log_format)
-    from ..errors import InvalidArgument
+    from ..validation import parse_json
 
     if strict is None:
         # tenure exec holds the lease while its command runs: a write with the token it
@@ -151,11 +143,8 @@ def result_put(
         source = click.get_current_context().get_parameter_source("token")
         strict = source is ParameterSource.ENVIRONMENT and bool(os.environ.get(EXEC_MARK))
 
-    text = sys.stdin.read()
-    try:
-        payload = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InvalidArgument(f"stdin is not a JSON document: {exc}") from None
+    # Bytes: json decodes UTF-8 (or -16/-32) itself, and bad bytes become a clear error.
+    payload = parse_json(sys.stdin.buffer.read(), what="stdin")
     with connect(dsn, schema) as client:
         stored = client.results.put(key, payload, token=token, strict=strict)
     click.echo(f"{printable(key)}: stored with token {stored.token}")

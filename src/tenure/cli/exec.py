@@ -12,7 +12,8 @@ import click
 from ..exec.output import PROG
 from ..exec.runner import EXIT_LEASE_LOST, EXIT_USAGE, ExecRequest, main, run_with_textfile
 from ..exec.slots import check_period, check_slot
-from .common import CONTEXT, DURATION, check_ttl_option, db_options, error_line, setup_logs
+from .common import CONTEXT, db_options, error_line, setup_logs
+from .params import DURATION, check_ttl_option
 
 EPILOG = f"""\b
 Exit codes:

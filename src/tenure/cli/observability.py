@@ -9,7 +9,6 @@ import click
 
 from .common import (
     CONTEXT,
-    DurationType,
     connect,
     db_options,
     handle_errors,
@@ -17,6 +16,7 @@ from .common import (
     json_option_with,
     setup_logs,
 )
+from .params import POSITIVE_DURATION
 
 
 @click.command(context_settings=CONTEXT)
@@ -24,7 +24,7 @@ from .common import (
 @json_option
 @click.option(
     "--window",
-    type=DurationType(as_text=True, positive=True),
+    type=POSITIVE_DURATION,
     default="1h",
     envvar="TENURE_STATUS_WINDOW",
     show_envvar=True,
@@ -32,7 +32,7 @@ from .common import (
 )
 @handle_errors
 def status(
-    dsn: str | None, schema: str, log_level: str, log_format: str, as_json: bool, window: str
+    dsn: str | None, schema: str, log_level: str, log_format: str, as_json: bool, window: float
 ) -> None:
     """Every job as the database sees it, whichever process did the work.
 
@@ -42,11 +42,9 @@ def status(
     """
     setup_logs(log_level, log_format)
     from ..observability.status import overview
-    from ..validation import parse_duration
 
-    seconds = parse_duration(window, what="--window")
     with connect(dsn, schema) as client:
-        jobs = overview(client, window=seconds)
+        jobs = overview(client, window=window)
     if as_json:
         click.echo(json.dumps([job.as_json() for job in jobs], indent=2))
         return
@@ -115,7 +113,7 @@ def status(
             "result",
         ),
         rows,
-        title=f"times: database clock; counts: last {window}",
+        title=f"times: database clock; counts: last {window:g}s",
         right=("result",),
     )
     for job in jobs:

@@ -10,7 +10,6 @@ import click
 
 from .common import (
     CONTEXT,
-    DurationType,
     connect,
     db_options,
     handle_errors,
@@ -20,6 +19,7 @@ from .common import (
     setup_logs,
     usage_error,
 )
+from .params import DURATION, MESSAGE_ID
 
 
 def _check_webhooks(
@@ -73,7 +73,7 @@ def _check_webhooks(
 )
 @click.option(
     "--timeout",
-    type=DurationType(as_text=True),
+    type=DURATION,
     default="10s",
     envvar="TENURE_RELAY_TIMEOUT",
     show_envvar=True,
@@ -81,7 +81,7 @@ def _check_webhooks(
 )
 @click.option(
     "--visibility",
-    type=DurationType(as_text=True),
+    type=DURATION,
     default=None,
     envvar="TENURE_RELAY_VISIBILITY",
     show_envvar=True,
@@ -98,7 +98,7 @@ def _check_webhooks(
 )
 @click.option(
     "--backoff",
-    type=DurationType(as_text=True),
+    type=DURATION,
     default="1s",
     envvar="TENURE_RELAY_BACKOFF",
     show_envvar=True,
@@ -106,7 +106,7 @@ def _check_webhooks(
 )
 @click.option(
     "--backoff-max",
-    type=DurationType(as_text=True),
+    type=DURATION,
     default="5m",
     envvar="TENURE_RELAY_BACKOFF_MAX",
     show_envvar=True,
@@ -114,7 +114,7 @@ def _check_webhooks(
 )
 @click.option(
     "--poll",
-    type=DurationType(as_text=True),
+    type=DURATION,
     default="5s",
     envvar="TENURE_RELAY_POLL",
     show_envvar=True,
@@ -131,12 +131,12 @@ def relay(
     handler_specs: tuple[str, ...],
     topics: tuple[str, ...],
     concurrency: int,
-    timeout: str,
-    visibility: str | None,
+    timeout: float,
+    visibility: float | None,
     max_attempts: int,
-    backoff: str,
-    backoff_max: str,
-    poll: str,
+    backoff: float,
+    backoff_max: float,
+    poll: float,
     metrics_port: int | None,
     metrics_host: str,
 ) -> None:
@@ -297,7 +297,7 @@ def outbox_list(
 @click.option(
     "--id",
     "ids",
-    type=int,
+    type=MESSAGE_ID,
     multiple=True,
     envvar="TENURE_OUTBOX_IDS",
     show_envvar=True,
@@ -354,7 +354,7 @@ def outbox_retry(
 )
 @click.option(
     "--older-than",
-    type=DurationType(as_text=True),
+    type=DURATION,
     default="7d",
     envvar="TENURE_OUTBOX_PURGE_AGE",
     show_envvar=True,
@@ -364,7 +364,7 @@ def outbox_retry(
 @click.option(
     "--id",
     "ids",
-    type=int,
+    type=MESSAGE_ID,
     multiple=True,
     envvar="TENURE_OUTBOX_IDS",
     show_envvar=True,
@@ -380,7 +380,7 @@ def outbox_purge(
     log_level: str,
     log_format: str,
     state: str,
-    older_than: str,
+    older_than: float,
     ids: tuple[int, ...],
     topic: str | None,
 ) -> None:

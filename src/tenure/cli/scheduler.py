@@ -16,7 +16,6 @@ import click
 
 from .common import (
     CONTEXT,
-    DurationType,
     connect,
     db_options,
     handle_errors,
@@ -26,6 +25,7 @@ from .common import (
     serve_from_cli,
     setup_logs,
 )
+from .params import CONCURRENCY, DURATION, LIMIT
 from .tables import printable
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ def _check_app_path(ctx: click.Context, param: click.Parameter, value: str) -> s
 @click.argument("app", envvar="TENURE_APP", callback=_check_app_path)
 @click.option(
     "--concurrency",
-    type=click.IntRange(min=1),
+    type=CONCURRENCY,
     default=None,
     envvar="TENURE_CONCURRENCY",
     show_envvar=True,
@@ -101,7 +101,7 @@ def _check_app_path(ctx: click.Context, param: click.Parameter, value: str) -> s
 )
 @click.option(
     "--shutdown-grace",
-    type=DurationType(as_text=True),
+    type=DURATION,
     default=None,
     envvar="TENURE_SHUTDOWN_GRACE",
     show_envvar=True,
@@ -157,7 +157,7 @@ def worker_command(
     log_format: str,
     app: str,
     concurrency: int | None,
-    shutdown_grace: str | None,
+    shutdown_grace: float | None,
     migrate: bool,
     adopt: bool,
     metrics_port: int | None,
@@ -319,7 +319,7 @@ def jobs_trigger(dsn: str | None, schema: str, log_level: str, log_format: str, 
 @click.argument("key", envvar="TENURE_JOB_KEY")
 @click.option(
     "--limit",
-    type=click.IntRange(1, 100_000),
+    type=LIMIT,
     default=20,
     envvar="TENURE_LIMIT",
     show_envvar=True,

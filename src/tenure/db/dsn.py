@@ -40,7 +40,7 @@ def candidates(dsn: str) -> set[str]:
     found: set[str] = set()
     try:
         password = psycopg.conninfo.conninfo_to_dict(dsn).get("password")
-    except psycopg.ProgrammingError:
+    except (psycopg.ProgrammingError, UnicodeEncodeError):  # unparseable, or not UTF-8
         password = None
     if password:
         found.add(str(password))

@@ -35,17 +35,23 @@ def _raw() -> dict[str, str]:
     return found
 
 
-def compose(template: str, schema: str) -> bytes:
+def compose(template: str, schema: str, *, with_params: bool = True) -> bytes:
     """Render a template that uses ``{schema}`` with the schema quoted as an identifier.
 
     Only the ``{schema}`` token is replaced (other braces, e.g. ``'{}'::bigint[]``, stay).
+    ``with_params``: the statement is executed with parameters (a mapping, ``{}`` if it has
+    none), so psycopg scans it for ``%`` placeholders and a ``%`` in the schema name must be
+    doubled; without parameters psycopg sends the text as it is, so it must not be.
     """
-    return template.replace("{schema}", sql.Identifier(schema).as_string()).encode()
+    quoted = sql.Identifier(schema).as_string()
+    if with_params:
+        quoted = quoted.replace("%", "%%")
+    return template.replace("{schema}", quoted).encode()
 
 
 @functools.cache
 def queries(schema: str) -> dict[str, bytes]:
-    """All named queries for one schema."""
+    """All named queries for one schema, to execute with parameters (``{}`` if none)."""
     return {name: compose(body, schema) for name, body in _raw().items()}
 
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ..db.queries import query
 from ..errors import InvalidArgument, mapped
 from ..leases._sync.fencing import fence
+from ..validation import check_text
 
 if TYPE_CHECKING:
     from ..leases._sync.client import Client
@@ -68,12 +69,9 @@ def check_period(seconds: float) -> int:
     return int(seconds)
 
 
-def check_slot(value: str) -> str:
-    if not isinstance(value, str) or not value.strip() or len(value) > MAX_SLOT or "\x00" in value:
-        raise InvalidArgument(
-            f"a slot is 1 to {MAX_SLOT} characters without NUL, got {str(value)[:40]!r}"
-        )
-    return value
+def check_slot(value: object) -> str:
+    """A slot name: text of 1 to :data:`MAX_SLOT` characters, valid UTF-8, without NUL."""
+    return check_text(value, what="a slot", max_chars=MAX_SLOT)
 
 
 def format_slot(instant: dt.datetime) -> str:

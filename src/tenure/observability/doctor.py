@@ -243,7 +243,7 @@ def _schema(ctx: _Context, schema: str) -> Check:
     [(exists,)] = conn.execute(named["observe_has_schema"], {"schema": schema}).fetchall()
     version = None
     if exists:
-        [(version,)] = conn.execute(named["observe_schema_version"]).fetchall()
+        [(version,)] = conn.execute(named["observe_schema_version"], {}).fetchall()
     details = (("schema", schema), ("applied", str(version)), ("expected", str(expected)))
     if version is None:
         return Check(

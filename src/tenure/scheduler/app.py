@@ -42,7 +42,16 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 
 from ..errors import InvalidArgument
-from ..validation import Duration, check_job_key, check_ttl, parse_duration
+from ..validation import (
+    MAX_CONCURRENCY,
+    Duration,
+    check_dsn,
+    check_int,
+    check_job_key,
+    check_schema,
+    check_ttl,
+    parse_duration,
+)
 from .isolation import importable
 from .schedules import MISFIRE_POLICIES, ON_CRASH_POLICIES, QUARANTINE_AFTER, Policy, Schedule
 from .spec import JobFunction, JobSpec
@@ -85,16 +94,14 @@ class Scheduler:
         pool_size: int = 4,
         migrate: bool = False,
     ) -> None:
-        self.dsn = dsn
-        self.schema = schema
+        self.dsn = check_dsn(dsn)
+        self.schema = check_schema(schema)
         self.concurrency = _check_concurrency(concurrency)
         self.shutdown_grace = _check_grace(shutdown_grace)
         self.history_retention = parse_duration(history_retention, what="history_retention")
         if self.history_retention <= 0:
             raise InvalidArgument(f"history_retention must be positive, got {history_retention!r}")
-        if pool_size < 2:
-            raise InvalidArgument(f"pool_size must be at least 2, got {pool_size}")
-        self.pool_size = pool_size
+        self.pool_size = check_int(pool_size, what="pool_size", minimum=2, maximum=1000)
         self.migrate = migrate
         self._name = None if name is None else _check_name(name)
         #: Set by ``tenure worker MODULE:ATTR`` (the path as given) when ``name`` is not.
@@ -200,12 +207,12 @@ class Scheduler:
         if every is not None:
             every_td = dt.timedelta(seconds=parse_duration(every, what=f"job {key!r}: every"))
         schedule = Schedule.build(key, cron=cron, every=every_td, timezone=timezone)
-        if misfire not in MISFIRE_POLICIES:
+        if not isinstance(misfire, str) or misfire not in MISFIRE_POLICIES:
             raise InvalidArgument(
                 f"job {key!r}: misfire must be one of {', '.join(MISFIRE_POLICIES)}, "
                 f"got {misfire!r}"
             )
-        if on_crash not in ON_CRASH_POLICIES:
+        if not isinstance(on_crash, str) or on_crash not in ON_CRASH_POLICIES:
             raise InvalidArgument(
                 f"job {key!r}: on_crash must be one of {', '.join(ON_CRASH_POLICIES)}, "
                 f"got {on_crash!r}"
@@ -365,13 +372,8 @@ def _guess_name(app: Scheduler, module: str) -> str:
 
 
 def _check_concurrency(value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidArgument(f"concurrency must be a positive integer, got {value!r}")
-    return value
+    return check_int(value, what="concurrency", minimum=1, maximum=MAX_CONCURRENCY)
 
 
 def _check_grace(value: Duration) -> float:
-    grace = parse_duration(value, what="shutdown_grace")
-    if grace < 0:
-        raise InvalidArgument(f"shutdown_grace must not be negative, got {value!r}")
-    return grace
+    return parse_duration(value, what="shutdown_grace")

@@ -15,6 +15,7 @@ from ..errors import InvalidArgument, LeaseLost, StaleTokenError
 from ..leases._async.fencing import fence_async
 from ..leases._sync.fencing import fence
 from ..leases.models import Result
+from ..validation import Duration, parse_duration
 
 if TYPE_CHECKING:
     from ..leases._async.client import AsyncClient
@@ -114,10 +115,10 @@ class JobContext:
         if self.cancelled:
             raise LeaseLost(self.job_key, self.token, self._reason or "cancelled")
 
-    def wait(self, seconds: float) -> bool:
+    def wait(self, seconds: Duration) -> bool:
         """Sleep up to ``seconds`` in a sync job, waking early when cancelled; returns
         ``cancelled``."""
-        deadline = seconds
+        deadline = parse_duration(seconds, what="ctx.wait() seconds")
         while deadline > 0 and not self.cancelled:
             step = min(deadline, 0.1)
             self._cancel.wait(step)

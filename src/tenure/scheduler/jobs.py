@@ -13,14 +13,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..db import channels
-from ..errors import InvalidArgument
-from ..validation import check_job_key
+from ..errors import TenureError, UnknownJob
+from ..validation import check_int, check_job_key
 from .schedules import Schedule, phase_of
 
 if TYPE_CHECKING:
     from ..leases._sync.client import Client
 
 _US = dt.timedelta(microseconds=1)
+#: Most history rows one call returns.
+MAX_LIMIT = 100_000
 
 
 def channel_name(schema: str) -> str:
@@ -223,7 +225,7 @@ def list_jobs(client: Client) -> list[JobStatus]:
 
 def _require(rows: list[tuple[Any, ...]], job_key: str) -> tuple[Any, ...]:
     if not rows:
-        raise InvalidArgument(
+        raise UnknownJob(
             f"no scheduled job {job_key!r}; `tenure jobs list` shows the registered jobs "
             "(a job is registered when a worker that defines it starts)"
         )
@@ -275,7 +277,7 @@ def resume(client: Client, job_key: str, *, channel: str) -> Resumed | None:
         if rows:
             return Resumed(rows[0][0], quarantine)
         # The definition changed between the two statements: compute again.
-    raise InvalidArgument(f"job {job_key!r} keeps changing; try again")
+    raise TenureError(f"job {job_key!r} keeps changing under this command; try again")
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,8 +305,7 @@ def trigger(client: Client, job_key: str, *, channel: str) -> Triggered:
 def history(client: Client, job_key: str, *, limit: int = 20) -> list[RunRecord]:
     """The newest ``limit`` history rows of ``job_key``, newest first."""
     check_job_key(job_key)
-    if limit < 1:
-        raise InvalidArgument(f"limit must be at least 1, got {limit}")
+    check_int(limit, what="limit", minimum=1, maximum=MAX_LIMIT)
     rows = client._fetch(
         "sched_history",
         {"job_key": job_key, "limit": limit},

@@ -64,16 +64,20 @@ _ALIASES = {
 }
 
 
-@functools.lru_cache(maxsize=512)
 def zone(name: str) -> zoneinfo.ZoneInfo:
     """The time zone ``name``, or :class:`InvalidArgument` saying what is wrong."""
     if not isinstance(name, str) or not name:
         raise InvalidArgument(
             f"timezone must be an IANA zone name like 'Europe/Berlin', got {name!r}"
         )
+    return _zone(name)
+
+
+@functools.lru_cache(maxsize=512)
+def _zone(name: str) -> zoneinfo.ZoneInfo:
     try:
         return zoneinfo.ZoneInfo(name)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError) as exc:
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError) as exc:
         raise InvalidArgument(
             f"unknown time zone {name!r} ({exc}); use an IANA name like 'Europe/Berlin' or "
             "'UTC' (the tzdata package provides them where the system has none)"

@@ -12,7 +12,7 @@ from psycopg.types.json import Jsonb
 from ... import metrics
 from ...db.queries import query
 from ...errors import StaleTokenError, TokenNotIssued, mapped
-from ...validation import check_job_key, check_token, to_json
+from ...validation import check_connection, check_job_key, check_token, to_json
 from ..models import Result
 
 if TYPE_CHECKING:
@@ -55,6 +55,8 @@ class AsyncResults:
         """
         check_job_key(job_key)
         check_token(token)
+        if conn is not None:
+            check_connection(conn, AsyncConnection, what="results.put(conn=...)")
         text = to_json(payload)
         params = {"job_key": job_key, "payload": Jsonb(text, dumps=_identity), "token": token}
         if strict:

@@ -33,13 +33,23 @@ from ...db.timeouts import (
 from ...errors import (
     ConfigurationError,
     InvalidArgument,
+    InvalidArgumentType,
     LeaseBusy,
     TenureError,
     Timeout,
     mapped,
     translate,
 )
-from ...validation import Duration, check_job_key, check_schema, check_ttl, parse_duration
+from ...validation import (
+    Duration,
+    check_dsn,
+    check_encodable,
+    check_int,
+    check_job_key,
+    check_schema,
+    check_ttl,
+    parse_duration,
+)
 from ..models import Grant, LeaseInfo
 from .lease import Lease, LeaseContext
 from .results import Results
@@ -47,6 +57,7 @@ from .waiter import ReleaseWaiter
 
 log = logging.getLogger("tenure.client")
 DEFAULT_TTL = 30.0
+MAX_POOL_SIZE = 1000
 
 
 class Client:
@@ -126,9 +137,13 @@ class Client:
                 conn.execute(b"SET LOCAL lock_timeout = '60s'")
                 conn.execute(b"SET LOCAL statement_timeout = '10min'")
                 conn.execute(b"SELECT pg_advisory_xact_lock(hashtext(%s))", (migrations.LOCK_NAME,))
-                conn.execute(compose(migrations.BOOTSTRAP, self.schema))
+                conn.execute(compose(migrations.BOOTSTRAP, self.schema, with_params=False))
                 cur = conn.execute(
-                    compose("SELECT version FROM {schema}.tenure_migrations", self.schema)
+                    compose(
+                        "SELECT version FROM {schema}.tenure_migrations",
+                        self.schema,
+                        with_params=False,
+                    )
                 )
                 done = {row[0] for row in cur.fetchall()}
                 for mig in migrations.available():
@@ -140,7 +155,7 @@ class Client:
                             f"version {max(done)} of schema {self.schema!r}: migrations are "
                             "forward-only and must be added with increasing numbers"
                         )
-                    conn.execute(compose(mig.sql, self.schema))
+                    conn.execute(compose(mig.sql, self.schema, with_params=False))
                     conn.execute(
                         compose(
                             "INSERT INTO {schema}.tenure_migrations (version, name) "
@@ -166,7 +181,11 @@ class Client:
             if not row or not row[0]:
                 return None
             cur = conn.execute(
-                compose("SELECT max(version) FROM {schema}.tenure_migrations", self.schema)
+                compose(
+                    "SELECT max(version) FROM {schema}.tenure_migrations",
+                    self.schema,
+                    with_params=False,
+                )
             )
             row = cur.fetchone()
             return row[0] if row else None
@@ -262,7 +281,13 @@ class Client:
         wait_s = None if wait is None else parse_duration(wait, what="wait")
         if wait_s is not None and wait_s < 0:
             raise InvalidArgument(f"wait must not be negative, got {wait!r}")
-        margin = None if safety_margin is None else parse_duration(safety_margin)
+        margin = (
+            None if safety_margin is None else parse_duration(safety_margin, what="safety_margin")
+        )
+        if margin is not None and margin >= ttl_s:
+            raise InvalidArgument(
+                f"safety_margin {safety_margin!r} must be at least 0 and less than the ttl"
+            )
         return LeaseContext(self, job_key, ttl=ttl_s, wait=wait_s, safety_margin=margin)
 
     def inspect(self, job_key: str) -> LeaseInfo | None:
@@ -360,9 +385,14 @@ def connect(
     ``TENURE_PREPARE_THRESHOLD=none``) behind PgBouncer in transaction mode before 1.21,
     where one client's prepared statements reach another's server connection.
     """
+    check_dsn(dsn)
     check_schema(schema)
-    if pool_size < 1:
-        raise InvalidArgument(f"pool_size must be at least 1, got {pool_size}")
+    check_int(pool_size, what="pool_size", minimum=1, maximum=MAX_POOL_SIZE)
+    if not isinstance(application_name, str):
+        raise InvalidArgumentType(f"application_name must be a string, got {application_name!r}")
+    check_encodable(application_name, what="application_name")
+    if not isinstance(prepare_threshold, Unset) and prepare_threshold is not None:
+        check_int(prepare_threshold, what="prepare_threshold", minimum=0, maximum=2**31 - 1)
     conninfo, source = resolve(dsn)
     where = describe(conninfo)
     kwargs = {

@@ -28,6 +28,7 @@ seed's rule, the last accepted token per key, in that database's ``job_state`` t
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from psycopg import Connection
@@ -36,7 +37,16 @@ from psycopg.pq import TransactionStatus
 from ... import metrics
 from ...db.queries import query
 from ...errors import InvalidArgument, StaleTokenError, mapped
-from ...validation import Duration, check_job_key, check_schema, check_token, parse_duration
+from ...validation import (
+    Duration,
+    check_connection,
+    check_job_key,
+    check_schema,
+    check_token,
+    parse_duration,
+)
+
+MAX_IDLE_TIMEOUT = (2**31 - 1) // 1000
 
 
 def fence(
@@ -56,6 +66,7 @@ def fence(
     does). ``idle_timeout``: how long the server lets this transaction sit idle before ending
     it (default: the lease TTL; ``False`` leaves the session's setting alone).
     """
+    check_connection(conn, Connection, what="fence()")
     check_job_key(job_key)
     check_token(token)
     check_schema(schema)
@@ -64,17 +75,25 @@ def fence(
             "fence() must run inside your transaction, but the connection is in autocommit "
             "mode outside a transaction block: wrap it in `with conn.transaction():`"
         )
+    if idle_timeout is True:
+        raise InvalidArgument("idle_timeout=True means nothing: pass a duration, None or False")
     set_idle = idle_timeout is not False
     idle = (
         None
-        if idle_timeout is None or isinstance(idle_timeout, bool)
+        if idle_timeout is None or idle_timeout is False
         else parse_duration(idle_timeout, what="idle_timeout")
     )
+    if idle is not None and (not 0 < idle <= MAX_IDLE_TIMEOUT):
+        raise InvalidArgument(
+            f"idle_timeout {idle_timeout!r} must be more than 0 and at most "
+            f"{MAX_IDLE_TIMEOUT}s (about 24 days, PostgreSQL's limit); pass False to leave "
+            "the session's setting alone"
+        )
     params = {
         "job_key": job_key,
         "token": token,
         "set_idle": set_idle,
-        "idle": None if idle is None else f"{idle} seconds",
+        "idle": None if idle is None else dt.timedelta(seconds=idle),
     }
     name = "fence" if strict else "fence_relaxed"
     with mapped(f"fencing {job_key!r} with token {token}"):

@@ -34,7 +34,7 @@ from ..._compat import (
     wait_event,
 )
 from ...db.timeouts import lock_timeout_ms
-from ...errors import LeaseBusy, LeaseLost, TenureError
+from ...errors import InvalidArgumentType, LeaseBusy, LeaseLost, TenureError
 from ..models import Grant
 
 if TYPE_CHECKING:
@@ -114,6 +114,10 @@ class Lease:
 
         With background renewal it runs in the renewal thread (sync) or task (asyncio).
         """
+        if not callable(callback):
+            raise InvalidArgumentType(
+                f"on_lost() takes a callable (it receives the lease), got {callback!r}"
+            )
         with self._lock:
             if self._lost_reason is None:
                 self._callbacks.append(callback)

@@ -23,7 +23,7 @@ from psycopg.pq import TransactionStatus
 
 from ...db.queries import query
 from ...errors import InvalidArgument, mapped
-from ...validation import check_schema
+from ...validation import check_connection, check_schema, check_text
 
 log = logging.getLogger("tenure.inbox")
 MAX_CONSUMER = 200
@@ -38,16 +38,9 @@ def claim(conn: Connection[Any], consumer: str, key: str, *, schema: str = "tenu
     first transaction, then returns False if it committed (True if it rolled back).
     ``consumer`` names the applying party, so two consumers of one message each apply it.
     """
-    if not isinstance(consumer, str) or not consumer.strip() or len(consumer) > MAX_CONSUMER:
-        raise InvalidArgument(
-            f"consumer must be a non-empty string of at most {MAX_CONSUMER} characters, "
-            f"got {consumer!r}"
-        )
-    if not isinstance(key, str) or not key or len(key) > MAX_KEY or ("\x00" in key):
-        raise InvalidArgument(
-            f"inbox key must be a non-empty string of at most {MAX_KEY} characters without "
-            f"NUL, got {key!r}"
-        )
+    check_connection(conn, Connection, what="claim()")
+    check_text(consumer, what="consumer", max_chars=MAX_CONSUMER)
+    check_text(key, what="inbox key", max_chars=MAX_KEY, blank_ok=True)
     check_schema(schema)
     if conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
         raise InvalidArgument(

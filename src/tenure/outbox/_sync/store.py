@@ -23,11 +23,15 @@ from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
 from ...db.queries import query
-from ...errors import InvalidArgument, mapped
+from ...errors import InvalidArgument, InvalidArgumentType, mapped
 from ...validation import (
+    MAX_BIGINT,
     Duration,
+    check_connection,
+    check_int,
     check_job_key,
     check_schema,
+    check_text,
     check_token,
     parse_duration,
     to_json,
@@ -39,13 +43,16 @@ if TYPE_CHECKING:
 log = logging.getLogger("tenure.outbox")
 MAX_TOPIC = 200
 MAX_KEY = 500
-_TOPIC = re.compile("^[\\w.:/-]+$")
+MAX_LIMIT = 100000
+_TOPIC = re.compile("[\\w.:/-]+", re.ASCII)
 
 
 def check_topic(topic: object) -> str:
     """A topic names a handler: letters, digits and ``_ . : / -`` (no ``=`` or spaces, so
     ``--webhook TOPIC=URL`` stays unambiguous)."""
-    if not isinstance(topic, str) or not _TOPIC.match(topic) or len(topic) > MAX_TOPIC:
+    if not isinstance(topic, str):
+        raise InvalidArgumentType(f"topic must be a string, got {type(topic).__name__}")
+    if not _TOPIC.fullmatch(topic) or len(topic) > MAX_TOPIC:
         raise InvalidArgument(
             f"topic must be 1 to {MAX_TOPIC} characters of letters, digits and _ . : / -, "
             f"got {topic!r}"
@@ -54,13 +61,7 @@ def check_topic(topic: object) -> str:
 
 
 def check_key(key: object, *, what: str = "key") -> str:
-    if not isinstance(key, str) or not key.strip():
-        raise InvalidArgument(f"{what} must be a non-empty string, got {key!r}")
-    if len(key) > MAX_KEY:
-        raise InvalidArgument(f"{what} is {len(key)} characters long; the limit is {MAX_KEY}")
-    if "\x00" in key:
-        raise InvalidArgument(f"{what} must not contain NUL characters")
-    return key
+    return check_text(key, what=what, max_chars=MAX_KEY)
 
 
 def channel(schema: str) -> str:
@@ -100,6 +101,7 @@ def enqueue(
     order. ``job_key`` and ``token`` (both or neither) record which fenced execution
     enqueued the message; call ``fence()`` in the same transaction for the fence itself.
     """
+    check_connection(conn, Connection, what="enqueue()")
     check_topic(topic)
     check_key(key)
     if order_key is not None:
@@ -141,6 +143,8 @@ def enqueue(
 def _states(state: str | Iterable[str] | None) -> list[str]:
     if state is None:
         return ["pending", "dead"]
+    if not isinstance(state, str) and (not hasattr(state, "__iter__")):
+        raise InvalidArgumentType(f"state must be a string or a list of them, got {state!r}")
     wanted = [state] if isinstance(state, str) else list(state)
     if wanted == ["all"]:
         return list(STATES)
@@ -153,10 +157,9 @@ def _states(state: str | Iterable[str] | None) -> list[str]:
 def _ids(ids: Iterable[int] | None) -> list[int] | None:
     if ids is None:
         return None
-    out = list(ids)
-    if any(isinstance(i, bool) or not isinstance(i, int) or i < 1 for i in out):
-        raise InvalidArgument(f"message ids are positive integers, got {out}")
-    return out
+    if isinstance(ids, str | bytes) or not hasattr(ids, "__iter__"):
+        raise InvalidArgumentType(f"ids must be a list of message ids, got {ids!r}")
+    return [check_int(i, what="message id", minimum=1, maximum=MAX_BIGINT) for i in ids]
 
 
 def messages(
@@ -171,8 +174,7 @@ def messages(
     list of them or ``"all"`` (default: pending and dead, i.e. not yet delivered)."""
     if topic is not None:
         check_topic(topic)
-    if limit < 1:
-        raise InvalidArgument(f"limit must be at least 1, got {limit}")
+    check_int(limit, what="limit", minimum=1, maximum=MAX_LIMIT)
     rows = client._fetch(
         "outbox_list",
         {"states": _states(state), "topic": topic, "ids": _ids(ids), "limit": limit},
@@ -223,14 +225,12 @@ def purge(
     its ``(topic, key)`` again creates a new message, so keep delivered messages for longer
     than a duplicate enqueue can happen.
     """
-    if state not in ("delivered", "dead"):
+    if not isinstance(state, str) or state not in ("delivered", "dead"):
         raise InvalidArgument(
             f"only delivered or dead messages can be purged, got state {state!r}; pending "
             "messages are never deleted (re-drive or wait for them instead)"
         )
     age = parse_duration(older_than, what="older_than")
-    if age < 0:
-        raise InvalidArgument(f"older_than must not be negative, got {older_than!r}")
     if topic is not None:
         check_topic(topic)
     rows = client._fetch(
