@@ -2,7 +2,12 @@
 
 1. Throughput: messages enqueued (one per committed transaction, from 4 producer threads)
    and delivered per second by 1 and by 4 relay processes (`python -m tenure relay`) to a
-   local no-op webhook (an asyncio HTTP server in its own process).
+   local no-op webhook (an asyncio HTTP/1.1 server with keep-alive, in its own process),
+   over http:// and over https:// (a self-signed certificate made with the `openssl` command,
+   trusted by the relays through SSL_CERT_FILE).
+   "delivered/s" counts from the first enqueue, so it is bounded by the producers; "drained/s"
+   is the relays alone: the same number of messages committed in one transaction while the
+   relays wait, timed from that commit to the last delivery.
 2. The added cost of ``enqueue`` inside a fenced transaction: ``fence + INSERT`` against
    ``fence + INSERT + enqueue``, interleaved, one connection, latency per transaction.
 
@@ -20,9 +25,12 @@ import asyncio
 import multiprocessing
 import os
 import select
+import shutil
+import ssl
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -37,27 +45,48 @@ from tenure import outbox
 
 LOCAL = "postgresql://postgres@127.0.0.1:5432/postgres"
 PRODUCERS = 4
+TRUST: list[str] = []  # the https server's certificate, for the relays' SSL_CERT_FILE
 
 
-def _noop_server(port_out: Any) -> None:
-    """A webhook that answers 200 to everything, as fast as asyncio allows."""
+def _noop_server(port_out: Any, cert: str | None = None) -> None:
+    """A webhook that answers 200 to everything, as fast as asyncio allows (TLS with
+    ``cert``, a PEM file holding the certificate and its key)."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        length = 0
+        # HTTP/1.1 keep-alive: answer requests on one connection until the client closes it
+        # or asks to ("Connection: close").
         while True:
-            line = await reader.readline()
-            if line in (b"\r\n", b""):
+            length, close = 0, False
+            request = await reader.readline()
+            if not request:
                 break
-            if line.lower().startswith(b"content-length:"):
-                length = int(line.split(b":", 1)[1])
-        if length:
-            await reader.readexactly(length)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-        await writer.drain()
+            while True:
+                line = await reader.readline()
+                if line in (b"\r\n", b""):
+                    break
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+                elif name.strip().lower() == b"connection" and b"close" in value.lower():
+                    close = True
+            if length:
+                await reader.readexactly(length)
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n"
+                + (b"Connection: close\r\n" if close else b"")
+                + b"\r\n"
+            )
+            await writer.drain()
+            if close:
+                break
         writer.close()
 
     async def main() -> None:
-        server = await asyncio.start_server(handle, "127.0.0.1", 0, backlog=1024)
+        context = None
+        if cert is not None:
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.load_cert_chain(cert)
+        server = await asyncio.start_server(handle, "127.0.0.1", 0, backlog=1024, ssl=context)
         port_out.put(server.sockets[0].getsockname()[1])
         async with server:
             await server.serve_forever()
@@ -65,8 +94,27 @@ def _noop_server(port_out: Any) -> None:
     asyncio.run(main())
 
 
+def _self_signed(folder: str) -> str:
+    """A certificate for 127.0.0.1 and its key, in one PEM file."""
+    pem = os.path.join(folder, "bench.pem")
+    subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+            *("-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"),
+            *("-keyout", pem, "-out", pem + ".crt"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    with open(pem, "a") as out, open(pem + ".crt") as crt:
+        out.write(crt.read())
+    return pem
+
+
 def _start_relay(dsn: str, schema: str, url: str, concurrency: int) -> subprocess.Popen[str]:
     env = dict(os.environ, TENURE_DSN=dsn, TENURE_SCHEMA=schema)
+    if url.startswith("https:"):
+        env["SSL_CERT_FILE"] = TRUST[0]
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "tenure", "relay"),
@@ -133,6 +181,39 @@ def throughput(
     return total / enqueued, total / delivered
 
 
+def drain(dsn: str, schema: str, url: str, relays: int, messages: int, concurrency: int) -> float:
+    """Deliveries per second of ``relays`` waiting relay processes, from the commit of
+    ``messages`` messages (one transaction) to the last delivery."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(sql.SQL("TRUNCATE {}.outbox").format(sql.Identifier(schema)))
+    procs = [_start_relay(dsn, schema, url, concurrency) for _ in range(relays)]
+    query = sql.SQL("SELECT count(*) FROM {}.outbox WHERE state = 'delivered'").format(
+        sql.Identifier(schema)
+    )
+    try:
+        with psycopg.connect(dsn) as conn:
+            with conn.transaction():
+                for i in range(messages):
+                    outbox.enqueue(conn, "bench", f"drain-{relays}-{i}", {"i": i}, schema=schema)
+            start = time.perf_counter()  # committed: the relays are notified now
+        with psycopg.connect(dsn, autocommit=True) as c:
+            while True:
+                row = c.execute(query).fetchone()
+                if row is not None and row[0] >= messages:
+                    break
+                if time.perf_counter() - start > 600:
+                    raise SystemExit("delivery did not finish within 10 minutes")
+                time.sleep(0.02)
+        return messages / (time.perf_counter() - start)
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=30)
+            if p.stdout is not None:
+                p.stdout.close()
+
+
 def fenced_cost(dsn: str, schema: str, client: tenure.Client, txns: int) -> dict[str, list[float]]:
     """Latency (s) of fenced transactions without and with an enqueue, interleaved."""
     lease = client.acquire("bench-job", ttl=3600)
@@ -183,10 +264,16 @@ def main() -> None:
     txns = args.txns or (200 if args.quick else 2000)
 
     schema = f"bench_outbox_{uuid.uuid4().hex[:8]}"
-    ports: Any = multiprocessing.Queue()
-    server = multiprocessing.Process(target=_noop_server, args=(ports,), daemon=True)
-    server.start()
-    url = f"http://127.0.0.1:{ports.get(timeout=30)}/hook"
+    folder = tempfile.mkdtemp(prefix="bench_outbox_")
+    TRUST.append(_self_signed(folder))
+    urls: dict[str, str] = {}
+    servers = []
+    for scheme, cert in (("http", None), ("https", TRUST[0])):
+        ports: Any = multiprocessing.Queue()
+        server = multiprocessing.Process(target=_noop_server, args=(ports, cert), daemon=True)
+        server.start()
+        servers.append(server)
+        urls[scheme] = f"{scheme}://127.0.0.1:{ports.get(timeout=30)}/hook"
     try:
         with tenure.connect(args.dsn, schema=schema, migrate=True) as client:
             print(f"tenure outbox benchmark: {client.where}, {os.cpu_count()} CPUs")
@@ -194,12 +281,18 @@ def main() -> None:
                 f"\n1. {messages} messages, one per transaction from {PRODUCERS} producers, "
                 f"to a no-op webhook (relay concurrency {args.relay_concurrency})"
             )
-            print(f"   {'relays':>6}  {'enqueued/s':>10}  {'delivered/s':>11}")
-            for relays in (1, 4):
-                enq, dlv = throughput(
-                    args.dsn, schema, url, relays, messages, args.relay_concurrency
-                )
-                print(f"   {relays:>6}  {enq:>10.0f}  {dlv:>11.0f}")
+            print(
+                f"   {'webhook':>7}  {'relays':>6}  {'enqueued/s':>10}  {'delivered/s':>11}"
+                f"  {'drained/s':>9}"
+            )
+            for scheme, url in urls.items():
+                for relays in (1, 4):
+                    conc = args.relay_concurrency
+                    enq, dlv = throughput(args.dsn, schema, url, relays, messages, conc)
+                    drained = drain(args.dsn, schema, url, relays, messages, conc)
+                    print(
+                        f"   {scheme:>7}  {relays:>6}  {enq:>10.0f}  {dlv:>11.0f}  {drained:>9.0f}"
+                    )
 
             print(f"\n2. fenced transaction latency, {txns} of each, interleaved, one connection")
             lat = fenced_cost(args.dsn, schema, client, txns)
@@ -216,8 +309,10 @@ def main() -> None:
                 f"(median; {(with_enqueue / base - 1) * 100:+.0f} %)"
             )
     finally:
-        server.terminate()
-        server.join(timeout=10)
+        for server in servers:
+            server.terminate()
+            server.join(timeout=10)
+        shutil.rmtree(folder, ignore_errors=True)
         with psycopg.connect(args.dsn, autocommit=True) as c:
             c.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 

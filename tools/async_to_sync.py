@@ -136,6 +136,8 @@ RENAMES: dict[str, str] = {
     "fence_async": "fence",
     "enqueue_async": "enqueue",
     "claim_async": "claim",
+    "claim_header_async": "claim_header",
+    "unhandled_async": "unhandled",
     "messages_async": "messages",
     "counts_async": "counts",
     "retry_async": "retry",

@@ -384,6 +384,9 @@ def test_outbox_metrics(scenario: Scenario) -> None:
     assert value(relay, "tenure_outbox_pending_messages", topic="obs-ok") == 0
     assert value(relay, "tenure_outbox_dead_messages", topic="obs-bad") == 1
     assert value(relay, "tenure_outbox_oldest_pending_age_seconds", topic="obs-idle") > 0
+    # obs-idle has no handler on the running relay: it waits, counted as unhandled.
+    assert value(relay, "tenure_outbox_unhandled_messages", topic="obs-idle") == 1
+    assert value(relay, "tenure_outbox_unhandled_messages", topic="obs-ok") == 0
     # Cluster-wide gauges: a worker serves the same outbox view.
     worker = scenario.final["w1"]
     assert value(worker, "tenure_outbox_pending_messages", topic="obs-idle") == 1

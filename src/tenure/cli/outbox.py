@@ -60,8 +60,8 @@ def _check_webhooks(
     multiple=True,
     envvar="TENURE_RELAY_TOPICS",
     show_envvar=True,
-    help="Claim only these topics. Default: every topic; one without a handler here is "
-    "parked as dead with an error naming it.",
+    help="Claim only these topics (each needs a handler here). Default: every topic this "
+    "relay has a handler for; messages of other topics wait for a relay that has one.",
 )
 @click.option(
     "--concurrency",
@@ -120,6 +120,38 @@ def _check_webhooks(
     show_envvar=True,
     help="Longest sleep without a notification (LISTEN/NOTIFY wakes the relay sooner).",
 )
+@click.option(
+    "--connect-timeout",
+    type=DURATION,
+    default="5s",
+    envvar="TENURE_RELAY_CONNECT_TIMEOUT",
+    show_envvar=True,
+    help="Webhooks: longest wait for a TCP (and TLS) connection; --timeout bounds the whole call.",
+)
+@click.option(
+    "--ca-bundle",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    envvar="TENURE_RELAY_CA_BUNDLE",
+    show_envvar=True,
+    help="Webhooks: trust the CAs in this PEM file instead of the system's (or SSL_CERT_FILE).",
+)
+@click.option(
+    "--client-cert",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    envvar="TENURE_RELAY_CLIENT_CERT",
+    show_envvar=True,
+    help="Webhooks: present this client certificate (PEM) to https endpoints.",
+)
+@click.option(
+    "--client-key",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    envvar="TENURE_RELAY_CLIENT_KEY",
+    show_envvar=True,
+    help="The client certificate's private key (PEM), if not in the --client-cert file.",
+)
 @metrics_options
 @handle_errors
 def relay(
@@ -137,19 +169,25 @@ def relay(
     backoff: float,
     backoff_max: float,
     poll: float,
+    connect_timeout: float,
+    ca_bundle: str | None,
+    client_cert: str | None,
+    client_key: str | None,
     metrics_port: int | None,
     metrics_host: str,
 ) -> None:
     """Deliver committed outbox messages, at least once, until SIGTERM or Ctrl-C.
 
-    Run as many relays as you like: they share the work (FOR UPDATE SKIP LOCKED), never
-    deliver one message at the same time, and keep per-key order. Consumers apply each
-    message once with the inbox (the Idempotency-Key header is `topic:key`).
+    Run as many relays as you like, with the same or different handlers: each claims only
+    the topics it handles, they share the work (FOR UPDATE SKIP LOCKED), never have two
+    attempts of one message in flight, and keep per-key order. A message no running relay
+    handles waits for one (`tenure outbox list` shows it). Consumers apply each message once
+    with the inbox: tenure.inbox.claim_header(conn, consumer, Idempotency-Key).
     """
     setup_logs(log_level, log_format)
     from ..errors import InvalidArgument
     from ..outbox import relay as relay_mod
-    from ..outbox.webhook import webhook
+    from ..outbox.webhook import HttpSession, webhook
 
     handlers: dict[str, Any] = {}
 
@@ -158,16 +196,30 @@ def relay(
             raise InvalidArgument(f"topic {topic!r} has two handlers (the second from {origin})")
         handlers[topic] = handler
 
+    # One connection pool and TLS set-up for all of this relay's webhooks. Proxies come from
+    # the environment (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY, NO_PROXY).
+    session = HttpSession(
+        ca_bundle=ca_bundle,
+        client_cert=client_cert,
+        client_key=client_key,
+        connect_timeout=connect_timeout,
+    )
     for spec in webhooks:
         topic, sep, url = spec.partition("=")
         if not sep or not topic or not url:
             raise InvalidArgument(f"--webhook takes TOPIC=URL, got {spec!r}")
-        add(topic, webhook(url), f"--webhook {spec}")
+        add(topic, webhook(url, session=session), f"--webhook {spec}")
     for spec in handler_specs:
         for topic, handler in relay_mod.load_handlers(spec).items():
             add(topic, handler, f"--handlers {spec}")
     if not handlers:
         usage_error("no handlers: pass --webhook TOPIC=URL and/or --handlers MODULE:ATTR")
+    for topic in topics:
+        if topic not in handlers:
+            usage_error(
+                f"--topic {topic!r} has no handler on this relay (handlers: "
+                f"{', '.join(sorted(handlers))}); add --webhook {topic}=URL or drop --topic"
+            )
 
     def ready(r: Any) -> None:
         # One line on stdout, so scripts and tests know the relay is listening.
@@ -241,7 +293,9 @@ def outbox_list(
     with connect(dsn, schema) as client:
         found = ob.messages(client, state=states, topic=topic, limit=limit)
         totals = ob.counts(client)
+        unhandled = ob.unhandled(client)
         now = client.now()
+    orphaned = {u.topic for u in unhandled}
     rows = [
         {
             "id": m.id,
@@ -259,6 +313,8 @@ def outbox_list(
                 else None
             ),
             "claimed": m.claimed_until is not None and m.claimed_until >= now,
+            # Pending, and no live relay has a handler for its topic: it waits for one.
+            "no_relay": m.state == "pending" and m.topic in orphaned,
             "delivered_at": m.delivered_at.isoformat() if m.delivered_at else None,
             "last_error": m.last_error,
         }
@@ -268,10 +324,18 @@ def outbox_list(
         click.echo(json.dumps(rows, indent=2))
         return
     summary = ", ".join(f"{n} {s}" for s, n in totals.items())
+    waiting = [
+        f"no relay handles topic {u.topic!r}: {u.pending} message(s) waiting, oldest "
+        f"{u.oldest_age / 60:.1f} min; start a relay with a handler for it"
+        for u in unhandled
+    ]
+    from .tables import printable, show
+
     if not rows:
         click.echo(f"no {state} messages ({summary})")
+        for line in waiting:
+            click.echo(printable(line))
         return
-    from .tables import show
 
     show(
         ("id", "topic", "key", "state", "attempts", "next in", "last error"),
@@ -280,7 +344,7 @@ def outbox_list(
                 row["id"],
                 row["topic"],
                 row["key"],
-                "in flight" if row["claimed"] else row["state"],
+                "in flight" if row["claimed"] else "no relay" if row["no_relay"] else row["state"],
                 row["attempts"],
                 "-" if row["next_attempt_in"] is None else f"{row['next_attempt_in']:.1f}s",
                 row["last_error"] or "",
@@ -290,6 +354,8 @@ def outbox_list(
         right=("id", "attempts", "next in"),
     )
     click.echo(summary)
+    for line in waiting:
+        click.echo(printable(line))
 
 
 @outbox.command("retry", context_settings=CONTEXT)

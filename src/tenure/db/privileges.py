@@ -52,6 +52,11 @@ TABLES: tuple[TableNeed, ...] = (
     ),
     TableNeed("inbox", ("SELECT", "INSERT"), "tenure.inbox.claim (consumers)"),
     TableNeed(
+        "outbox_relays",
+        ("SELECT", "INSERT", "UPDATE", "DELETE"),
+        "`tenure relay` (the topics each live relay handles), `tenure outbox list`",
+    ),
+    TableNeed(
         "exec_runs", ("SELECT", "INSERT", "UPDATE"), "`tenure exec` run history, `tenure status`"
     ),
 )

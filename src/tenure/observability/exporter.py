@@ -89,6 +89,7 @@ class TopicGauges:
     pending: int
     dead: int
     oldest_pending_age: float | None
+    unhandled: int = 0  # pending messages of this topic that no live relay handles
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,8 +221,11 @@ class Database:
                 # Version 5 added the quarantine the query reads.
                 jobs = self._run(conn, "observe_jobs") if version and version >= 5 else []
                 topics = self._run(conn, "observe_outbox") if version and version >= 4 else []
+                # Schema 6 registers the relays' topics.
+                orphans = self._run(conn, "outbox_unhandled") if version and version >= 8 else []
         except psycopg.Error as exc:
             return Snapshot(False, error=_one_line(exc))
+        unhandled = {topic: int(n) for topic, n, _ in orphans}
         return Snapshot(
             True,
             version,
@@ -231,7 +235,10 @@ class Database:
                 )
                 for key, cron, every, tz, paused, quarantined, last, since in jobs
             ),
-            tuple(TopicGauges(topic, pending, dead, age) for topic, pending, dead, age in topics),
+            tuple(
+                TopicGauges(topic, pending, dead, age, unhandled.get(topic, 0))
+                for topic, pending, dead, age in topics
+            ),
         )
 
     def _interval(
@@ -360,12 +367,19 @@ class DatabaseCollector:
             "Age of the oldest pending outbox message (database clock)",
             labels=["topic"],
         )
+        unhandled = GaugeMetricFamily(
+            "tenure_outbox_unhandled_messages",
+            "Pending outbox messages whose topic no running relay has a handler for: they wait "
+            "until one starts",
+            labels=["topic"],
+        )
         for topic in snap.topics:
+            unhandled.add_metric([topic.topic], float(topic.unhandled))
             pending.add_metric([topic.topic], float(topic.pending))
             dead.add_metric([topic.topic], float(topic.dead))
             if topic.oldest_pending_age is not None:
                 age.add_metric([topic.topic], max(0.0, topic.oldest_pending_age))
-        yield from (pending, dead, age)
+        yield from (pending, dead, age, unhandled)
 
 
 class _Chain:

@@ -26,7 +26,8 @@ Layout: :mod:`.message` (the value), ``_async/store.py`` (enqueue and the operat
 ``_sync`` is generated), :mod:`.inbox` (the consumer's side), :mod:`.relay` (delivery) and
 :mod:`.webhook` (the built-in HTTP handler).
 
-Operator functions (``messages``, ``counts``, ``retry``, ``purge``) take a client; their
+Operator functions (``messages``, ``counts``, ``unhandled``, ``retry``, ``purge``) take a
+client; their
 ``*_async`` twins take an :class:`~tenure.AsyncClient`.
 """
 
@@ -41,23 +42,36 @@ from ._async.store import (
     messages_async,
     purge_async,
     retry_async,
+    unhandled_async,
 )
-from ._sync.store import counts, enqueue, messages, purge, retry
-from .message import STATES, Message, State
+from ._sync.store import counts, enqueue, messages, purge, retry, unhandled
+from .message import (
+    STATES,
+    Message,
+    State,
+    UnhandledTopic,
+    idempotency_key,
+    parse_idempotency_key,
+)
 
 __all__ = [
     "STATES",
     "Message",
     "State",
+    "UnhandledTopic",
     "channel",
     "counts",
     "counts_async",
     "enqueue",
     "enqueue_async",
+    "idempotency_key",
     "messages",
     "messages_async",
+    "parse_idempotency_key",
     "purge",
     "purge_async",
     "retry",
     "retry_async",
+    "unhandled",
+    "unhandled_async",
 ]

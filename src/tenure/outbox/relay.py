@@ -2,16 +2,26 @@
 
 Protocol (every time is the database clock; see db/sql/outbox.sql):
 
-1. **Claim.** A relay claims up to ``concurrency`` deliverable messages in one statement
-   (``FOR UPDATE SKIP LOCKED``): it sets ``claimed_by`` (its id), ``claimed_until`` (now +
-   ``visibility``) and counts the attempt. Other relays skip claimed rows until the claim
-   runs out, so a relay that died (SIGKILL, lost host) holds its messages for at most
-   ``visibility``; then another relay, or the same one restarted, claims them again.
-2. **Deliver.** The handler runs for at most ``min(timeout, time left on the claim)``,
-   measured on the relay's monotonic clock from *before* the claim was sent (minus a safety
-   margin), so a live relay never runs a handler past its claim: two relays never deliver
-   one message at the same time. (A synchronous handler runs in a thread, which cannot be
-   interrupted: it must enforce its own timeout.)
+1. **Claim.** A relay claims up to ``concurrency`` deliverable messages of the topics it
+   has handlers for, in one statement (``FOR UPDATE SKIP LOCKED``): it sets ``claimed_by``
+   (its id), ``claimed_until`` (now + ``visibility``) and counts the attempt. Other relays
+   skip claimed rows until the claim runs out, so a relay that died (SIGKILL, lost host)
+   holds its messages for at most ``visibility``; then another relay, or the same one
+   restarted, claims them again. A message of a topic no relay handles is never claimed: it
+   waits, and is reported (below), until a relay with a handler for it starts.
+2. **Deliver.** The handler runs for at most ``min(timeout, time left on the claim minus a
+   margin)``, measured on the relay's monotonic clock from *before* the claim was sent;
+   ``visibility`` must exceed ``timeout`` by the margin (``max(1s, timeout/10)``: clock-rate
+   drift, aborting the call, recording the outcome). At the deadline an async handler is
+   cancelled, and the webhook's request with it: its connection is closed. So tenure never
+   has two attempts of one message in flight: the next attempt, on this relay or another,
+   is claimed only after the previous one's request was aborted or answered. What the
+   endpoint does is its own affair: an HTTP server may go on processing a request whose
+   client has gone, so attempt 1 may still be running *there* when attempt 2 arrives.
+   Consumers deduplicate with the inbox (:func:`tenure.inbox.claim_header`), which makes
+   that harmless. A synchronous handler runs in a thread, which cannot be interrupted: past
+   its timeout the relay keeps renewing the claim until the thread returns, and records the
+   thread's own outcome (give such handlers their own timeout).
 3. **Record.** Only after the handler returned is the message marked delivered, and only
    by the claim that delivered it. A relay killed between 2 and 3 leaves the message
    claimed; it is delivered again after the claim runs out. Delivery is therefore at least
@@ -19,8 +29,12 @@ Protocol (every time is the database clock; see db/sql/outbox.sql):
 4. **Fail.** An exception, a timeout or a non-2xx answer records the error and backs off
    exponentially with jitter (``backoff * 2**(attempt-1)``, capped at ``backoff_max``, then
    a random 50-100 %). After ``max_attempts`` the message is parked as ``dead``: visible in
-   ``tenure outbox list``, re-driven by ``tenure outbox retry``. A message whose topic has
-   no handler on this relay is parked at once with an error saying so.
+   ``tenure outbox list``, re-driven by ``tenure outbox retry``.
+5. **Beat.** A relay registers the topics it handles in ``outbox_relays`` and renews that
+   row every few seconds (it lasts ``BEAT_TTL``); it deletes it when it stops. Pending
+   messages whose topic no live relay lists are counted (:func:`tenure.outbox.unhandled`,
+   ``tenure outbox list``, the ``tenure_outbox_unhandled_messages`` gauge), and each relay
+   logs "no relay handles topic X" for them.
 
 Messages of one ``(topic, order_key)`` are claimable one at a time in id order (the claim
 query skips a message while an older one of its key is undelivered), so per-key order holds
@@ -36,8 +50,10 @@ import datetime as dt
 import importlib
 import inspect
 import logging
+import os
 import random
 import signal
+import socket
 import sys
 import threading
 import time
@@ -53,7 +69,7 @@ from ..db.timeouts import CONNECTION_KWARGS
 from ..errors import ConfigurationError, DatabaseError, InvalidArgument, SchemaNotReady
 from ..leases._async.client import AsyncClient, connect_async
 from ..validation import Duration, parse_duration
-from ._async.store import channel, check_topic, message_from_row
+from ._async.store import channel, check_topic, message_from_row, unhandled_async
 from .message import Message
 
 log = logging.getLogger("tenure.relay")
@@ -67,6 +83,17 @@ Handler = Callable[[Message], Any]
 DELIVERY = "outbox_delivery"
 
 MAX_ERROR = 2000
+
+#: How long a relay's registration lasts without a beat; it beats every third of that.
+BEAT_TTL = 30.0
+#: A topic nobody handles is logged again at most this often (per relay).
+UNHANDLED_LOG_EVERY = 300.0
+
+
+def claim_margin(timeout: float) -> float:
+    """How much longer than a call its claim must last: for clock-rate drift between the
+    relay and the database, aborting the call at its deadline and recording the outcome."""
+    return max(1.0, timeout / 10)
 
 
 def load_handlers(spec: str) -> dict[str, Handler]:
@@ -114,14 +141,19 @@ class Relay:
 
     * ``concurrency``: handler calls in flight at once;
     * ``timeout``: per handler call; ``visibility``: how long a claim lasts (default
-      ``1.5 * timeout + 5s``; must exceed ``timeout``), i.e. how soon a dead relay's messages
-      are retried by others;
+      ``1.5 * timeout + 5s``; at least ``timeout`` + :func:`claim_margin`), i.e. how soon a
+      dead relay's messages are retried by others;
     * ``max_attempts``: attempts before a message is parked as dead;
     * ``backoff`` / ``backoff_max``: the retry delay doubles from ``backoff`` up to
       ``backoff_max``, with jitter;
     * ``poll``: longest sleep without a notification;
-    * ``topics``: claim only these topics (default: every topic; a topic without a handler
-      is parked as dead, with an error naming it).
+    * ``topics``: claim only these topics, each of which needs a handler (default: every
+      topic in ``handlers``). Messages of other topics are left for the relays that handle
+      them.
+
+    Handlers with an ``aclose()`` coroutine (the :class:`~tenure.outbox.webhook.Webhook`,
+    whose HTTP client keeps connections open) are closed when :meth:`run` returns; after
+    :meth:`run_once`, call :meth:`aclose`.
     """
 
     def __init__(
@@ -155,16 +187,30 @@ class Relay:
         self.visibility = (
             self.timeout * 1.5 + 5.0 if visibility is None else _positive(visibility, "visibility")
         )
-        if self.visibility * 0.9 <= self.timeout:
+        self.margin = claim_margin(self.timeout)
+        if self.visibility < self.timeout + self.margin:
             raise InvalidArgument(
                 f"visibility ({self.visibility:g}s) must exceed the handler timeout "
-                f"({self.timeout:g}s) by a tenth of itself: a claim must outlast the call it "
-                "covers, or a second relay could deliver the message concurrently"
+                f"({self.timeout:g}s) by at least {self.margin:g}s: a claim must outlast the "
+                "call it covers, or a second relay could deliver the message concurrently; "
+                f"raise visibility to {self.timeout + self.margin:g}s or more"
             )
         self.backoff = _positive(backoff, "backoff")
         self.backoff_max = max(self.backoff, _positive(backoff_max, "backoff_max"))
         self.poll = _positive(poll, "poll")
-        self.topics = None if topics is None else sorted({check_topic(t) for t in topics})
+        if topics is None:
+            self.topics = sorted(self._handlers)
+        else:
+            self.topics = sorted({check_topic(t) for t in topics})
+            missing = [t for t in self.topics if t not in self._handlers]
+            if missing:
+                raise InvalidArgument(
+                    f"topics {missing} have no handler on this relay (handlers: "
+                    f"{', '.join(sorted(self._handlers)) or 'none'}); a relay claims only "
+                    "topics it can deliver"
+                )
+        if not self.topics:
+            raise InvalidArgument("a relay needs at least one topic with a handler")
         self.id = uuid.uuid4()
         self._channel = channel(client.schema)
         conninfo = client._pool.conninfo
@@ -176,6 +222,7 @@ class Relay:
         self._inflight: set[asyncio.Task[None]] = set()
         self.delivered = 0
         self.failed = 0
+        self._unhandled_logged: dict[str, float] = {}
 
     def __repr__(self) -> str:
         return f"<Relay {self.id} schema={self._client.schema!r} topics={sorted(self._handlers)}>"
@@ -197,8 +244,11 @@ class Relay:
         listener = asyncio.create_task(
             self._listen(listening), name=f"tenure-relay-listen-{self.id}"
         )
+        beater: asyncio.Task[None] | None = None
         try:
             await self._next_due()  # fails now, not after "ready", if the schema is missing
+            await self._beat()
+            beater = asyncio.create_task(self._beat_loop(), name=f"tenure-relay-beat-{self.id}")
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(10):
                     await listening.wait()
@@ -223,6 +273,12 @@ class Relay:
             listener.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await listener
+            if beater is not None:
+                beater.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await beater
+                await asyncio.shield(self._leave())
+            await self.aclose()
             log.info(
                 "relay %s stopped: %d delivered, %d failed attempts",
                 self.id,
@@ -238,7 +294,77 @@ class Relay:
         await asyncio.gather(*(self._deliver(m, sent) for m in claimed))
         return len(claimed)
 
+    async def aclose(self) -> None:
+        """Close the handlers that hold resources (``aclose()``: the webhook's connections)."""
+        closed: set[int] = set()
+        for handler in self._handlers.values():
+            closer = getattr(handler, "aclose", None)
+            if closer is not None and id(handler) not in closed:
+                closed.add(id(handler))
+                with contextlib.suppress(Exception):
+                    await closer()
+
     # -- internals ---------------------------------------------------------------------------
+
+    async def _beat(self) -> None:
+        await self._client._fetch(
+            "outbox_relay_beat",
+            {
+                "relay": self.id,
+                "topics": self.topics,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "ttl": dt.timedelta(seconds=BEAT_TTL),
+            },
+            doing="registering the relay's topics",
+            wrote=True,
+        )
+
+    async def _leave(self) -> None:
+        with contextlib.suppress(DatabaseError):
+            await self._client._fetch(
+                "outbox_relay_leave",
+                {"relay": self.id},
+                doing="unregistering the relay",
+                wrote=True,
+            )
+
+    async def _beat_loop(self) -> None:
+        """Renew the registration, and report topics that no relay handles."""
+        # Any error is logged and the loop goes on: a relay whose beat stopped would be
+        # reported as gone (its topics as unhandled) while it still delivers.
+        while True:
+            try:
+                await self._report_unhandled()
+            except Exception as exc:
+                log.warning("relay %s: cannot read unhandled topics (%s)", self.id, exc)
+            await asyncio.sleep(BEAT_TTL / 3)
+            try:
+                await self._beat()
+            except Exception as exc:
+                log.warning("relay %s: cannot renew its registration (%s)", self.id, exc)
+
+    async def _report_unhandled(self) -> None:
+        now = time.monotonic()
+        found = await unhandled_async(self._client)
+        for item in found:
+            last = self._unhandled_logged.get(item.topic)
+            if last is not None and now - last < UNHANDLED_LOG_EVERY:
+                continue
+            self._unhandled_logged[item.topic] = now
+            log.warning(
+                "no relay handles topic %r, oldest %.1f min: %d message(s) waiting; start a "
+                "relay with a handler for it (--webhook %s=URL or --handlers MODULE:ATTR)",
+                item.topic,
+                item.oldest_age / 60,
+                item.pending,
+                item.topic,
+                extra={"job": item.topic, "outcome": "unhandled"},
+            )
+        current = {item.topic for item in found}
+        for topic in list(self._unhandled_logged):
+            if topic not in current:
+                del self._unhandled_logged[topic]
 
     async def _loop(self) -> None:
         db_failures = 0
@@ -299,21 +425,13 @@ class Relay:
         return None if value is None else float(value)
 
     async def _deliver(self, msg: Message, sent: float) -> None:
-        # The claim lasts `visibility` from a database time later than `sent`; stop a tenth
-        # early to absorb clock-rate drift and the time to record the outcome.
-        deadline = sent + self.visibility * 0.9
+        # The claim lasts `visibility` from a database time later than `sent`; stop `margin`
+        # early to absorb clock-rate drift, aborting the call and recording the outcome.
+        deadline = sent + self.visibility - self.margin
         started = time.monotonic()
         handler = self._handlers.get(msg.topic)
-        if handler is None:
-            known = ", ".join(sorted(self._handlers)) or "none"
-            await self._failed(
-                msg,
-                f"no handler for topic {msg.topic!r} on this relay (handlers: {known}); run a "
-                f"relay with one (--webhook {msg.topic}=URL or --handlers MODULE:ATTR), then "
-                f"re-drive it: tenure outbox retry --topic {msg.topic}",
-                started,
-                dead=True,
-            )
+        if handler is None:  # not claimed by this relay (claims are limited to its topics)
+            await self._release(msg)
             return
         if msg.attempts > self.max_attempts:
             # Earlier claims never reported back (relay killed or stalled during delivery).
@@ -330,16 +448,21 @@ class Relay:
             await self._release(msg)
             return
         error: str | None = None
+        thread: asyncio.Future[Any] | None = None
         try:
             async with asyncio.timeout(budget) as scope:
                 if _is_async(handler):
                     result = await handler(msg)
                 else:
-                    result = await asyncio.to_thread(handler, msg)
+                    # Shielded: the timeout must not forget a thread that goes on running.
+                    thread = asyncio.ensure_future(asyncio.to_thread(handler, msg))
+                    result = await asyncio.shield(thread)
                     if inspect.isawaitable(result):
                         await result
         except TimeoutError as exc:
-            if scope.expired():
+            if scope.expired() and thread is not None and not thread.done():
+                error = await self._outwait(msg, thread, budget)
+            elif scope.expired():
                 error = f"timed out after {budget:.3g}s"
             else:  # the handler's own timeout, not ours
                 error = f"TimeoutError: {exc}" if str(exc) else "TimeoutError"
@@ -354,6 +477,55 @@ class Relay:
             await self._delivered(msg, started)
         else:
             await self._failed(msg, error, started)
+
+    async def _outwait(
+        self, msg: Message, thread: asyncio.Future[Any], budget: float
+    ) -> str | None:
+        """A synchronous handler ran past its timeout, and its thread cannot be stopped: keep
+        the claim (renewed every third of ``visibility``) until it returns, so that no other
+        attempt starts meanwhile; then its own outcome counts. None if it succeeded."""
+        log.warning(
+            "message %s (%s %r): the synchronous handler is still running after the %.3gs "
+            "timeout; a thread cannot be interrupted, so the relay keeps the claim until it "
+            "returns (give the handler its own timeout)",
+            msg.id,
+            msg.topic,
+            msg.key,
+            budget,
+            extra={"job": msg.job_key, "token": msg.token},
+        )
+        started = time.monotonic()
+        while not thread.done():
+            sent = time.monotonic()
+            try:
+                rows = await self._client._fetch(
+                    "outbox_extend",
+                    {
+                        "id": msg.id,
+                        "relay": self.id,
+                        "attempt": msg.attempts,
+                        "visibility": dt.timedelta(seconds=self.visibility),
+                    },
+                    doing=f"keeping the claim on outbox message {msg.id}",
+                    wrote=True,
+                )
+                if not rows:
+                    log.error(
+                        "relay %s: lost the claim on message %s while its synchronous handler "
+                        "overran; another attempt may run concurrently",
+                        self.id,
+                        msg.id,
+                        extra={"job": msg.job_key, "token": msg.token},
+                    )
+            except DatabaseError as exc:
+                log.warning("relay %s: cannot keep the claim on %s (%s)", self.id, msg.id, exc)
+            left = sent + self.visibility / 3 - time.monotonic()
+            await asyncio.wait({thread}, timeout=max(left, 0.01))
+        overran = f"ran {budget + time.monotonic() - started:.3g}s, past its {budget:.3g}s timeout"
+        failure = thread.exception()
+        if failure is None:
+            return None
+        return f"{type(failure).__name__}: {failure} (the synchronous handler {overran})"
 
     async def _record(self, name: str, params: dict[str, Any], msg: Message) -> list[Any] | None:
         # A few tries: a failure to record means a duplicate delivery after the claim runs

@@ -1,45 +1,161 @@
-"""The built-in webhook handler of the outbox relay: ``POST`` a message's payload as JSON."""
+"""The built-in webhook handler of the outbox relay: ``POST`` a message's payload as JSON.
+
+HTTP goes through httpx: one connection pool per relay (:class:`HttpSession`, shared by the
+relay's webhooks and closed when the relay stops), so consecutive deliveries to one endpoint
+reuse a kept-alive connection instead of a new TCP and TLS handshake each; connect, read and
+total timeouts; TLS with the system's (or ``SSL_CERT_FILE``'s) CAs, a CA bundle of yours and
+a client certificate; proxies from the environment (``HTTP_PROXY``, ``HTTPS_PROXY``,
+``ALL_PROXY``, ``NO_PROXY``), as curl and most HTTP clients honour them.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
+import os
+import socket
 import ssl
 from collections.abc import Mapping
+from pathlib import Path
 from urllib.parse import urlsplit
 
-from ..errors import InvalidArgument, TenureError
+import httpx
+from httpx._utils import get_environment_proxies
+
+from ..errors import ConfigurationError, InvalidArgument, TenureError
 from ..validation import Duration, parse_duration
-from .message import Message
+from .message import Message, encode_part
+
+#: Default connect timeout (the total is the relay's --timeout).
+CONNECT_TIMEOUT = 5.0
+#: The start of an error answer's body kept in the message's last_error.
+SNIPPET = 300
+#: Larger answers are not read to the end (their connection is not reused).
+MAX_ANSWER = 1 << 20
 
 
 class DeliveryFailed(TenureError):
     """A handler's delivery failed (e.g. the webhook answered with a non-2xx status)."""
 
 
-def _header_value(text: str) -> str:
-    """Visible ASCII passes unchanged; anything else (spaces, control characters, non-ASCII)
-    is percent-encoded as UTF-8, so a key can never inject a header line and the encoding is
-    the same on every retry."""
-    out = []
-    for ch in text:
-        if "!" <= ch <= "~" and ch != "%":
-            out.append(ch)
-        else:
-            out.extend(f"%{b:02X}" for b in ch.encode())
-    return "".join(out)
+def _file(path: str | os.PathLike[str] | None, what: str) -> str | None:
+    if path is None:
+        return None
+    text = os.fspath(path)
+    if not Path(text).is_file():
+        raise ConfigurationError(f"{what} {text!r} is not a readable file")
+    return text
+
+
+class HttpSession:
+    """What the webhooks of one relay share: TLS settings and one httpx connection pool.
+
+    ``ca_bundle``: PEM file of the CAs to trust instead of the default ones; ``client_cert``
+    (and ``client_key``, if the key is not in the same file): a client certificate for
+    endpoints that require one. ``trust_env``: proxies and ``SSL_CERT_FILE`` from the
+    environment (default True). The pool is created on first use, in the running event loop,
+    and closed by :meth:`aclose` (the relay calls it when it stops).
+    """
+
+    def __init__(
+        self,
+        *,
+        ca_bundle: str | os.PathLike[str] | None = None,
+        client_cert: str | os.PathLike[str] | None = None,
+        client_key: str | os.PathLike[str] | None = None,
+        connect_timeout: Duration = CONNECT_TIMEOUT,
+        trust_env: bool = True,
+    ) -> None:
+        if client_key is not None and client_cert is None:
+            raise InvalidArgument("client_key needs client_cert (the certificate it belongs to)")
+        self.ca_bundle = _file(ca_bundle, "ca_bundle")
+        self.client_cert = _file(client_cert, "client_cert")
+        self.client_key = _file(client_key, "client_key")
+        self.connect_timeout = parse_duration(connect_timeout, what="connect_timeout")
+        if self.connect_timeout <= 0:
+            raise InvalidArgument(f"connect_timeout must be positive, got {connect_timeout!r}")
+        self.trust_env = trust_env
+        self.tls = self.ca_bundle is not None or self.client_cert is not None
+        self._verify = self._context()
+        self._client: httpx.AsyncClient | None = None
+
+    def _context(self) -> ssl.SSLContext:
+        # Built now, so a bad bundle or certificate fails at start-up, not on the first POST.
+        try:
+            if self.ca_bundle is not None:
+                context = ssl.create_default_context(cafile=self.ca_bundle)
+            else:
+                context = httpx.create_ssl_context(trust_env=self.trust_env)
+            if self.client_cert is not None:
+                context.load_cert_chain(self.client_cert, self.client_key)
+        except (ssl.SSLError, OSError) as exc:
+            raise ConfigurationError(
+                f"cannot load the webhook TLS files (ca_bundle={self.ca_bundle}, "
+                f"client_cert={self.client_cert}, client_key={self.client_key}): {exc}"
+            ) from None
+        return context
+
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None or self._client.is_closed:
+            self._client = httpx.AsyncClient(
+                transport=self._transport(),
+                mounts=self._proxies(),
+                verify=self._verify,
+                trust_env=self.trust_env,
+                follow_redirects=False,
+                # read/write/pool are bounded by each call's own timeout (Webhook.__call__).
+                timeout=httpx.Timeout(None, connect=self.connect_timeout),
+                headers={"User-Agent": "tenure-relay"},
+            )
+        return self._client
+
+    def _transport(self, proxy: str | None = None) -> httpx.AsyncHTTPTransport:
+        return httpx.AsyncHTTPTransport(
+            verify=self._verify,
+            trust_env=self.trust_env,
+            proxy=proxy,
+            # A request goes out as two writes (head, then body): without TCP_NODELAY the
+            # body waits for the peer's delayed ACK of the head, several ms per delivery.
+            socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
+        )
+
+    def _proxies(self) -> dict[str, httpx.AsyncBaseTransport | None]:
+        # httpx reads proxies from the environment only for its own default transport; ours
+        # (TCP_NODELAY) needs them mounted explicitly, with httpx's own reading of
+        # HTTP_PROXY, HTTPS_PROXY, ALL_PROXY and NO_PROXY (None: that host goes direct).
+        if not self.trust_env:
+            return {}
+        return {
+            pattern: None if proxy is None else self._transport(proxy)
+            for pattern, proxy in get_environment_proxies().items()
+        }
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.aclose()
 
 
 class Webhook:
     """Built-in handler: ``POST`` the payload as JSON to ``url``.
 
-    Headers: ``Idempotency-Key: <topic>:<key>`` (the business key; non-visible characters
-    percent-encoded), ``Content-Type: application/json``, ``X-Tenure-Topic``,
-    ``X-Tenure-Message-Id`` and ``X-Tenure-Attempt``, plus ``headers``. A 2xx answer is a
-    delivery; anything else, a connection error or the timeout is a failed attempt.
-    ``timeout`` (optional) caps each call below the relay's ``timeout``. Redirects are not
-    followed. Standard library only (asyncio streams), so a timeout really abandons the call.
+    Headers: ``Idempotency-Key`` (``message.idempotency_key``: ``TOPIC:KEY``, each part
+    percent-encoded, see :func:`tenure.outbox.idempotency_key`; claim it as it arrives with
+    :func:`tenure.inbox.claim_header`), ``Content-Type: application/json``,
+    ``X-Tenure-Topic`` (percent-encoded like the key's topic part), ``X-Tenure-Message-Id``
+    and ``X-Tenure-Attempt``, plus ``headers``. A 2xx answer is a delivery; anything else, a
+    connection error or a timeout is a failed attempt. Redirects are not followed.
+
+    ``timeout`` (optional) caps each call (connect, send, wait, read) below the relay's
+    ``timeout``, ``read_timeout`` the wait for each part of the answer. The relay cancels the
+    call at its deadline: the request is aborted and its connection closed, so tenure never
+    has two attempts of one message in flight. The endpoint may still be working on an
+    aborted request (an HTTP server does not always notice that its client left): dedupe
+    with the inbox.
+
+    ``session``: the :class:`HttpSession` (TLS, connection pool) to use; without one, the
+    webhook makes its own from ``ca_bundle``, ``client_cert``, ``client_key`` and
+    ``connect_timeout``.
     """
 
     def __init__(
@@ -47,7 +163,13 @@ class Webhook:
         url: str,
         *,
         timeout: Duration | None = None,
+        read_timeout: Duration | None = None,
         headers: Mapping[str, str] | None = None,
+        session: HttpSession | None = None,
+        ca_bundle: str | os.PathLike[str] | None = None,
+        client_cert: str | os.PathLike[str] | None = None,
+        client_key: str | os.PathLike[str] | None = None,
+        connect_timeout: Duration = CONNECT_TIMEOUT,
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -55,51 +177,62 @@ class Webhook:
                 f"webhook URL must be http:// or https:// with a host, got {url!r}"
             )
         try:
-            port = parts.port
+            parts.port  # noqa: B018 - validates the port
         except ValueError:
             raise InvalidArgument(f"webhook URL {url!r} has an invalid port") from None
+        own_tls = ca_bundle is not None or client_cert is not None or client_key is not None
+        if own_tls and parts.scheme != "https":
+            raise InvalidArgument(
+                f"TLS options (ca_bundle, client_cert, client_key) need an https:// URL, got "
+                f"{parts.scheme}://"
+            )
+        if session is not None and own_tls:
+            raise InvalidArgument("pass TLS options to the session or to the webhook, not both")
         self.url = url
-        self._https = parts.scheme == "https"
-        self._host = parts.hostname
-        self._port = port or (443 if self._https else 80)
-        self._hostport = parts.netloc.rsplit("@", 1)[-1]
-        self._target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        hostport = parts.netloc.rsplit("@", 1)[-1]
         # For errors and logs: never the credentials or the query string.
-        self.safe_url = f"{parts.scheme}://{self._hostport}{parts.path or '/'}"
-        self.timeout = None if timeout is None else parse_duration(timeout, what="timeout")
+        self.safe_url = f"{parts.scheme}://{hostport}{parts.path or '/'}"
+        self.timeout = None if timeout is None else _positive(timeout, "timeout")
+        self.read_timeout = None if read_timeout is None else _positive(read_timeout, "read")
         extra = dict(headers or {})
         for name, value in extra.items():
             if any(c in f"{name}{value}" for c in "\r\n\x00") or not name.strip():
                 raise InvalidArgument(f"invalid webhook header {name!r}: {value!r}")
         self._extra = extra
+        self._session = session or HttpSession(
+            ca_bundle=ca_bundle,
+            client_cert=client_cert,
+            client_key=client_key,
+            connect_timeout=connect_timeout,
+        )
 
     def __repr__(self) -> str:
         return f"Webhook({self.safe_url!r})"
 
+    async def aclose(self) -> None:
+        """Close the connection pool (the relay does, when it stops)."""
+        await self._session.aclose()
+
     async def __call__(self, message: Message) -> None:
         body = json.dumps(message.payload, separators=(",", ":")).encode()
         headers = {
-            "Host": self._hostport,
-            "User-Agent": "tenure-relay",
             "Content-Type": "application/json",
-            "Content-Length": str(len(body)),
-            "Idempotency-Key": _header_value(message.idempotency_key),
-            "X-Tenure-Topic": message.topic,
+            "Idempotency-Key": message.idempotency_key,
+            "X-Tenure-Topic": encode_part(message.topic, ""),
             "X-Tenure-Message-Id": str(message.id),
             "X-Tenure-Attempt": str(message.attempts),
-            "Connection": "close",
             **self._extra,
         }
-        if self.timeout is None:
-            status, reason, snippet = await self._post(headers, body)
-        else:
-            try:
+        try:
+            if self.timeout is None:
+                status, reason, snippet = await self._post(headers, body)
+            else:
                 async with asyncio.timeout(self.timeout):
                     status, reason, snippet = await self._post(headers, body)
-            except TimeoutError:
-                raise DeliveryFailed(
-                    f"POST {self.safe_url}: no answer within {self.timeout:g}s"
-                ) from None
+        except TimeoutError:
+            raise DeliveryFailed(
+                f"POST {self.safe_url}: no answer within {self.timeout:g}s"
+            ) from None
         if not 200 <= status < 300:
             raise DeliveryFailed(
                 f"POST {self.safe_url} answered HTTP {status} {reason}"
@@ -107,58 +240,57 @@ class Webhook:
             )
 
     async def _post(self, headers: Mapping[str, str], body: bytes) -> tuple[int, str, str]:
-        context = ssl.create_default_context() if self._https else None
+        client = self._session.client()
+        extensions = {}
+        if self.read_timeout is not None:
+            extensions["timeout"] = {
+                "connect": self._session.connect_timeout,
+                "read": self.read_timeout,
+                "write": self.read_timeout,
+                "pool": None,
+            }
         try:
-            reader, writer = await asyncio.open_connection(self._host, self._port, ssl=context)
-        except OSError as exc:
-            raise DeliveryFailed(f"POST {self.safe_url}: cannot connect ({exc})") from None
-        try:
-            head = f"POST {self._target} HTTP/1.1\r\n" + "".join(
-                f"{name}: {value}\r\n" for name, value in headers.items()
+            request = client.build_request(
+                "POST", self.url, headers=headers, content=body, extensions=extensions
             )
-            writer.write(head.encode("latin-1") + b"\r\n" + body)
-            await writer.drain()
-            status_line = await reader.readline()
-            fields = status_line.decode("latin-1").split(" ", 2)
-            if len(fields) < 2 or not fields[0].startswith("HTTP/") or not fields[1].isdigit():
-                raise DeliveryFailed(
-                    f"POST {self.safe_url}: not an HTTP answer ({status_line[:80]!r})"
-                )
-            status = int(fields[1])
-            reason = fields[2].strip() if len(fields) > 2 else ""
-            if 200 <= status < 300:
-                return status, reason, ""
-            return status, reason, await _body_snippet(reader)
-        except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
-            raise DeliveryFailed(f"POST {self.safe_url}: {type(exc).__name__}: {exc}") from None
-        finally:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+            response = await client.send(request, stream=True)
+            try:
+                # Read the answer (a connection is reused only once its answer was read),
+                # up to a limit: past it, the connection is closed instead.
+                ok = 200 <= response.status_code < 300
+                data = b""
+                async for chunk in response.aiter_bytes():
+                    data += chunk if not ok else b""
+                    if len(data) >= SNIPPET or response.num_bytes_downloaded > MAX_ANSWER:
+                        break
+                text = " ".join(data.decode("utf-8", "replace").split())[:SNIPPET]
+                return response.status_code, response.reason_phrase, text
+            finally:
+                await response.aclose()
+        except (httpx.HTTPError, OSError) as exc:
+            # OSError: a TLS alert that arrives after the handshake (TLS 1.3 reports a missing
+            # client certificate on the first read) passes through httpx as ssl.SSLError.
+            raise DeliveryFailed(f"POST {self.safe_url}: {_describe(exc)}") from None
 
 
-async def _body_snippet(reader: asyncio.StreamReader, limit: int = 300) -> str:
-    """The start of an error answer's body, for the message's last_error."""
-    length: int | None = None
-    chunked = False
-    while True:
-        line = await reader.readline()
-        if line in (b"\r\n", b"\n", b""):
-            break
-        name, _, value = line.decode("latin-1").partition(":")
-        if name.strip().lower() == "content-length" and value.strip().isdigit():
-            length = int(value.strip())
-        elif name.strip().lower() == "transfer-encoding" and "chunked" in value.lower():
-            chunked = True
-    if chunked:
-        size = (await reader.readline()).split(b";")[0].strip()
-        length = int(size, 16) if size else 0
-    data = await reader.read(min(limit, length) if length is not None else limit)
-    return " ".join(data.decode("utf-8", "replace").split())[:limit]
+def _describe(exc: Exception) -> str:
+    text = str(exc) or repr(exc)
+    return f"{type(exc).__name__}: {text}"
+
+
+def _positive(value: Duration, what: str) -> float:
+    seconds = parse_duration(value, what=what)
+    if seconds <= 0:
+        raise InvalidArgument(f"{what} must be positive, got {value!r}")
+    return seconds
 
 
 def webhook(
-    url: str, *, timeout: Duration | None = None, headers: Mapping[str, str] | None = None
+    url: str,
+    *,
+    timeout: Duration | None = None,
+    headers: Mapping[str, str] | None = None,
+    session: HttpSession | None = None,
 ) -> Webhook:
     """A :class:`Webhook` handler for ``url``."""
-    return Webhook(url, timeout=timeout, headers=headers)
+    return Webhook(url, timeout=timeout, headers=headers, session=session)

@@ -19,7 +19,8 @@ WITH ins AS (
 SELECT (SELECT id FROM ins) AS id, (SELECT count(*) FROM notified) AS notified;
 
 -- name: outbox_claim
--- A relay claims up to `limit` deliverable messages for `visibility` (database clock).
+-- A relay claims up to `limit` deliverable messages for `visibility` (database clock), of the
+-- topics it has handlers for only: a message of another topic stays for a relay that has one.
 -- SKIP LOCKED: relays claiming at the same moment take different rows. A row claimed by a
 -- concurrent relay that committed after our snapshot is re-checked on its new version
 -- (EvalPlanQual), finds a live claim and is skipped. Per-key ordering: a message is not
@@ -31,7 +32,7 @@ WITH picked AS (
     WHERE o.state = 'pending'
       AND o.available_at <= clock_timestamp()
       AND (o.claimed_until IS NULL OR o.claimed_until < clock_timestamp())
-      AND (%(topics)s::text[] IS NULL OR o.topic = ANY (%(topics)s::text[]))
+      AND o.topic = ANY (%(topics)s::text[])
       AND (o.order_key IS NULL OR NOT EXISTS (
             SELECT 1 FROM {schema}.outbox AS p
             WHERE p.topic = o.topic AND p.order_key = o.order_key
@@ -55,11 +56,12 @@ RETURNING o.id, o.topic, o.key, o.payload, o.order_key, o.job_key, o.token, o.st
 -- Recorded only after the handler succeeded, and only by the claim that delivered (relay and
 -- attempt number): a relay whose claim was taken over records nothing, the new claimant
 -- delivers again (at least once). Delivering a message with an order key may make the next
--- one of that key claimable: tell the relays.
+-- one of that key claimable: tell the relays. The error of an earlier attempt is cleared: a
+-- delivered message has none.
 WITH done AS (
     UPDATE {schema}.outbox
     SET state = 'delivered', delivered_at = clock_timestamp(), delivered_by = %(relay)s,
-        claimed_by = NULL, claimed_until = NULL
+        claimed_by = NULL, claimed_until = NULL, last_error = NULL
     WHERE id = %(id)s AND claimed_by = %(relay)s AND attempts = %(attempt)s
       AND state = 'pending'
     RETURNING topic, order_key
@@ -96,7 +98,38 @@ SELECT extract(epoch FROM min(greatest(available_at, coalesce(claimed_until, ava
 FROM {schema}.outbox
 WHERE state = 'pending'
   AND greatest(available_at, coalesce(claimed_until, available_at)) > clock_timestamp()
-  AND (%(topics)s::text[] IS NULL OR topic = ANY (%(topics)s::text[]));
+  AND topic = ANY (%(topics)s::text[]);
+
+-- name: outbox_relay_beat
+-- A relay says it is alive and which topics it handles, until `ttl` from now (database
+-- clock); the first beat registers it. Rows of relays that died long ago are removed here,
+-- so the table stays as small as the fleet.
+WITH gone AS (
+    DELETE FROM {schema}.outbox_relays
+    WHERE seen_until < clock_timestamp() - interval '1 day' AND relay_id <> %(relay)s
+)
+INSERT INTO {schema}.outbox_relays (relay_id, topics, host, pid, seen_until)
+VALUES (%(relay)s, %(topics)s, %(host)s, %(pid)s, clock_timestamp() + %(ttl)s)
+ON CONFLICT (relay_id) DO UPDATE
+SET topics = excluded.topics, seen_until = excluded.seen_until
+RETURNING seen_until;
+
+-- name: outbox_relay_leave
+-- A relay that stops takes its topics off the list at once.
+DELETE FROM {schema}.outbox_relays WHERE relay_id = %(relay)s;
+
+-- name: outbox_unhandled
+-- Per topic, the pending messages that no live relay handles (none lists the topic, or the
+-- relays that do stopped beating): how many, and the age of the oldest (database clock).
+SELECT o.topic, count(*) AS pending,
+       extract(epoch FROM clock_timestamp() - min(o.created_at))::float8 AS oldest_age
+FROM {schema}.outbox AS o
+WHERE o.state = 'pending'
+  AND NOT EXISTS (
+        SELECT 1 FROM {schema}.outbox_relays AS r
+        WHERE r.seen_until >= clock_timestamp() AND o.topic = ANY (r.topics))
+GROUP BY o.topic
+ORDER BY o.topic;
 
 -- name: outbox_list
 SELECT id, topic, key, payload, order_key, job_key, token, state, attempts, created_at,
@@ -149,3 +182,12 @@ INSERT INTO {schema}.inbox (consumer, key)
 VALUES (%(consumer)s, %(key)s)
 ON CONFLICT (consumer, key) DO NOTHING
 RETURNING applied_at;
+
+-- name: outbox_extend
+-- A relay keeps its claim while a synchronous handler (a thread, which cannot be
+-- interrupted) runs past its timeout: no other attempt may start meanwhile. Same claim check
+-- as outbox_delivered; no row means the claim was lost (taken over after it ran out).
+UPDATE {schema}.outbox
+SET claimed_until = clock_timestamp() + %(visibility)s
+WHERE id = %(id)s AND claimed_by = %(relay)s AND attempts = %(attempt)s AND state = 'pending'
+RETURNING claimed_until;

@@ -9,12 +9,16 @@ business key in the same transaction as its side effect: the claim and the effec
 together or not at all, and a second delivery finds the claim and skips the effect::
 
     with conn.transaction():
-        if tenure.inbox.claim(conn, "billing", request.headers["Idempotency-Key"]):
+        if tenure.inbox.claim_header(conn, "billing", request.headers["Idempotency-Key"]):
             conn.execute("INSERT INTO invoices ...")
+
+:func:`claim_header` takes the webhook's ``Idempotency-Key`` header as it arrives (see
+:func:`tenure.outbox.idempotency_key` for its format); :func:`claim` takes any key of yours.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from typing import Any
 
@@ -24,6 +28,7 @@ from psycopg.pq import TransactionStatus
 from ...db.queries import query
 from ...errors import InvalidArgument, mapped
 from ...validation import check_connection, check_schema, check_text
+from ..message import idempotency_key, parse_idempotency_key
 
 log = logging.getLogger("tenure.inbox")
 MAX_CONSUMER = 200
@@ -55,3 +60,19 @@ def claim(conn: Connection[Any], consumer: str, key: str, *, schema: str = "tenu
     if not first:
         log.info("inbox %r: %r already applied, skipping", consumer, key)
     return first
+
+
+def claim_header(
+    conn: Connection[Any], consumer: str, header: str, *, schema: str = "tenure"
+) -> bool:
+    """:func:`claim` for the webhook's ``Idempotency-Key`` header, as it arrives.
+
+    The header is checked (a malformed one raises :class:`~tenure.InvalidArgument`) and
+    claimed in its canonical form, so escapes in another case (a proxy's rewrite) still find
+    the claim. A header longer than the inbox's key column (a long non-ASCII key) is claimed
+    as ``#sha256:`` and its digest; ``#`` never starts a header, so the two never meet.
+    """
+    key = idempotency_key(*parse_idempotency_key(header))
+    if len(key) > MAX_KEY:
+        key = "#sha256:" + hashlib.sha256(key.encode()).hexdigest()
+    return claim(conn, consumer, key, schema=schema)

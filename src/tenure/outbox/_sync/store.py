@@ -36,7 +36,7 @@ from ...validation import (
     parse_duration,
     to_json,
 )
-from ..message import STATES, Message
+from ..message import STATES, Message, UnhandledTopic
 
 if TYPE_CHECKING:
     from ...leases._sync.client import Client
@@ -188,6 +188,15 @@ def counts(client: Client) -> dict[str, int]:
     rows = client._fetch("outbox_counts", {}, doing="counting outbox messages")
     found = {state: int(n) for state, n in rows}
     return {state: found.get(state, 0) for state in ("pending", "delivered", "dead")}
+
+
+def unhandled(client: Client) -> list[UnhandledTopic]:
+    """Topics with pending messages that no live relay handles, with how many and the age of
+    the oldest: such messages wait (they are never claimed, so never parked) until a relay with a
+    handler for their topic starts. A relay is live while it beats (see ``tenure relay``);
+    one killed without stopping still counts for its last beat's lifetime."""
+    rows = client._fetch("outbox_unhandled", {}, doing="reading unhandled outbox topics")
+    return [UnhandledTopic(topic, int(n), float(age)) for topic, n, age in rows]
 
 
 def retry(
