@@ -8,7 +8,7 @@ import click
 import pytest
 
 import tenure
-from tenure.cli.common import DurationType
+from tenure.cli.params import DurationType
 from tests.support.cli_commands import leaf_commands, with_options
 from tests.support.env import run_tenure, tenure_env
 
