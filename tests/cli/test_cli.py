@@ -86,8 +86,8 @@ def test_release_expires_a_stuck_lease(client: tenure.Client, dsn: str, schema: 
         # Bad option values are usage errors: exit 2.
         (["demo", "--ttl", "soon"], None, "not a duration", 2),
         (["demo", "--ttl", "0"], None, "out of range", 2),
-        (["result", "put", "--key", "job", "--token", "1"], "not json", "not a JSON document", 1),
-        (["result", "put", "--key", "", "--token", "1"], "{}", "non-empty", 1),
+        (["result", "put", "--key", "job", "--token", "1"], "not json", "not a JSON document", 2),
+        (["result", "put", "--key", "", "--token", "1"], "{}", "non-empty", 2),
         (["result", "get", "--key", "missing"], None, "no result stored", 1),
     ],
 )

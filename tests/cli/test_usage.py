@@ -92,23 +92,45 @@ def test_named_usage_errors_exit_2_with_one_line(dsn: str, schema: str, args: li
 @pytest.mark.parametrize(
     ("args", "stdin"),
     [
-        # RecursionError inside json.loads.
+        # Was a RecursionError inside json.loads.
         (["result", "put", "--key", "deep", "--token", "1"], "[" * 100_000 + "]" * 100_000),
-        # PostgreSQL refuses \u0000 in jsonb: an error with DETAIL and CONTEXT lines.
+        # Was PostgreSQL's refusal of \u0000 in jsonb, with DETAIL and CONTEXT lines.
         (["result", "put", "--key", "nul", "--token", "1"], '{"a": "\\u0000"}'),
     ],
     ids=["recursion", "nul-in-jsonb"],
 )
-def test_runtime_errors_exit_1_with_one_line(
+def test_payloads_that_broke_the_command_are_refused_in_one_line(
     client: tenure.Client, dsn: str, schema: str, args: list[str], stdin: str
 ) -> None:
+    """Refused where they enter now (bad input: exit 2), before any SQL runs."""
     lease = client.acquire(args[3], ttl=60)
     assert lease is not None and lease.token == 1
     out = run_tenure(args, tenure_env(dsn, schema), input=stdin)
     lines = out.stderr.strip().splitlines()
-    assert out.returncode == 1, out
+    assert out.returncode == 2, out
     assert len(lines) == 1 and lines[0].startswith("tenure: error: "), out.stderr
     assert "Traceback" not in out.stderr
+    assert client.results.get(args[3]) is None  # nothing stored
+
+
+def test_an_unexpected_exception_is_one_line_and_exit_1() -> None:
+    """The last line of defence: an exception tenure does not expect (a bug, or an input it
+    does not handle yet) is one line naming it, exit 1, never a traceback."""
+    from click.testing import CliRunner
+
+    from tenure.cli.common import TenureGroup
+
+    group = TenureGroup("tenure")
+
+    @group.command("boom")
+    def boom() -> None:
+        raise RecursionError("maximum recursion depth exceeded")
+
+    result = CliRunner().invoke(group, ["boom"])
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 1, result.output
+    assert len(lines) == 1 and lines[0].startswith("tenure: error: unexpected RecursionError")
+    assert "Traceback" not in result.stderr
 
 
 @pytest.mark.parametrize("args", [[], ["jobs"], ["outbox"]], ids=lambda a: " ".join(a) or "-")

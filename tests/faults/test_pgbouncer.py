@@ -31,9 +31,10 @@ import tenure
 from tenure.db.timeouts import CONNECTION_KWARGS
 from tests.support.servers import PgBouncer, PgServer, ServerError, pg_bindir, pgbouncer_binary
 
-# does not exist, already exists, Bind with the wrong parameter count, and (seen once) a Bind
-# whose values were parsed as the types of *another* client's statement of the same name.
-PREPARED_STATEMENT_ERRORS = ("26000", "42P05", "08P01", "22P02")
+# does not exist, already exists, Bind with the wrong parameter count, and a Bind whose values
+# were parsed as the types of *another* client's statement of the same name (22P02 as text,
+# 22P03 as binary: both seen).
+PREPARED_STATEMENT_ERRORS = ("26000", "42P05", "08P01", "22P02", "22P03")
 
 pytestmark = pytest.mark.skipif(
     pgbouncer_binary() is None or pg_bindir() is None,

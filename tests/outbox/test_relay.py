@@ -240,7 +240,7 @@ def test_relay_command_refuses_bad_configuration(client: tenure.Client, dsn: str
     tight = run_tenure(
         ["relay", "--webhook", "t=http://x/", "--timeout", "5s", "--visibility", "5s"], env
     )
-    assert tight.returncode == 1 and "visibility" in tight.stderr
+    assert tight.returncode == 2 and "visibility" in tight.stderr
     missing = run_tenure(["relay", "--handlers", "no_such_module_xyz:H"], env)
     assert missing.returncode == 1 and "cannot import handler module" in missing.stderr
     unmigrated = run_tenure(

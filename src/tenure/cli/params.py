@@ -35,7 +35,7 @@ class DurationType(click.ParamType):  # type: ignore[type-arg]
         except InvalidArgument as exc:
             self.fail(str(exc).removeprefix(f"{value!r} "), param, ctx)
         if self.positive and seconds == 0:
-            self.fail(f"{value!r} must be more than zero", param, ctx)
+            self.fail(f"{value!r} must be positive", param, ctx)
         return seconds
 
 

@@ -33,8 +33,12 @@ if TYPE_CHECKING:
 
 
 def load_app(path: str) -> Scheduler:
-    """Import ``MODULE:ATTR`` (from the current directory too) and return the Scheduler."""
-    from ..errors import InvalidArgument
+    """Import ``MODULE:ATTR`` (from the current directory too) and return the Scheduler.
+
+    A malformed path is bad usage (:class:`InvalidArgument`, exit 2); an app that cannot be
+    loaded (no such module or attribute, an import that fails, a bad job definition in its
+    code) is a :class:`ConfigurationError` (exit 1): the command line was fine."""
+    from ..errors import ConfigurationError, InvalidArgument
     from ..scheduler.app import Scheduler
 
     module_name, sep, attr = path.partition(":")
@@ -51,26 +55,26 @@ def load_app(path: str) -> Scheduler:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name and module_name.startswith(exc.name):
-            raise InvalidArgument(
+            raise ConfigurationError(
                 f"app {path!r}: no module named {exc.name!r} (searched the current directory "
                 f"{cwd} and sys.path); check the spelling and where you run the worker from"
             ) from None
-        raise InvalidArgument(f"app {path!r}: importing {module_name!r} failed: {exc}") from exc
+        raise ConfigurationError(f"app {path!r}: importing {module_name!r} failed: {exc}") from exc
     except Exception as exc:
         if isinstance(exc, InvalidArgument):
             # A bad job definition (invalid cron, unknown time zone, duplicate key, ...).
-            raise InvalidArgument(f"app {path!r}: {exc}") from exc
-        raise InvalidArgument(
+            raise ConfigurationError(f"app {path!r}: {exc}") from exc
+        raise ConfigurationError(
             f"app {path!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}"
         ) from exc
     try:
         app = getattr(module, attr)
     except AttributeError:
-        raise InvalidArgument(
+        raise ConfigurationError(
             f"app {path!r}: module {module_name!r} has no attribute {attr!r}"
         ) from None
     if not isinstance(app, Scheduler):
-        raise InvalidArgument(
+        raise ConfigurationError(
             f"app {path!r} is a {type(app).__name__}, not a tenure.Scheduler; point at the "
             "object created with `app = tenure.Scheduler()`"
         )
