@@ -20,8 +20,7 @@ import click
 
 from .common import CONTEXT, setup_logs
 
-PROG = "tenure verify"
-EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_PASS, EXIT_FAIL, EXIT_INTERRUPTED = 0, 1, 130
 
 
 EPILOG = """\b
@@ -36,24 +35,6 @@ What it needs: a role that may CREATE a schema in the database (the run's own, n
 tenure_verify_<random>, dropped afterwards). The terminate fault also needs
 pg_signal_backend (or superuser); without it that fault is skipped and reported so.
 It never touches other schemas and never restarts a server."""
-
-
-class UsageProblem(click.ClickException):
-    """Bad usage, printed as one line (click's default adds the usage block)."""
-
-    exit_code = EXIT_USAGE
-
-    def show(self, file: Any = None) -> None:
-        message = " ".join(self.message.split())
-        click.echo(f"tenure: error: {message} (see `{PROG} --help`)", err=True)
-
-
-class VerifyCommand(click.Command):
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        try:
-            return super().parse_args(ctx, args)
-        except click.UsageError as exc:
-            raise UsageProblem(exc.format_message()) from None
 
 
 def _duration(what: str, *, minimum: float = 0.0) -> Any:
@@ -103,7 +84,7 @@ def _report_path(ctx: click.Context, param: click.Parameter, value: str | None) 
     return path
 
 
-@click.command("verify", cls=VerifyCommand, context_settings=CONTEXT, epilog=EPILOG)
+@click.command("verify", context_settings=CONTEXT, epilog=EPILOG)
 @click.option(
     "--dsn",
     default=None,
