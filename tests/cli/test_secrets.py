@@ -8,6 +8,7 @@ throwaway server (tests/support/servers.py) that asks role ``app`` for a SCRAM p
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import subprocess
 import sys
@@ -117,9 +118,10 @@ def test_no_command_prints_the_password(
     env.update(extra, TENURE_SCHEMA=schema)
     leaks: list[str] = []
     silent: list[str] = []
-    for template in COMMANDS:
+
+    def run(template: list[str]) -> subprocess.CompletedProcess[str]:
         args = [dsn if a == "{dsn}" else a for a in template]
-        proc = subprocess.run(
+        return subprocess.run(
             [sys.executable, "-m", "tenure", *args],
             env=env,
             cwd=tmp_path,
@@ -128,6 +130,11 @@ def test_no_command_prints_the_password(
             text=True,
             timeout=60,
         )
+
+    # The commands are independent processes: run a few at once (the test starts ~200).
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        done = list(pool.map(run, COMMANDS))
+    for template, proc in zip(COMMANDS, done, strict=True):
         shown = proc.stdout + proc.stderr
         name = " ".join(template)
         if SENTINEL in shown:
