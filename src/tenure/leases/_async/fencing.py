@@ -33,7 +33,7 @@ from psycopg.pq import TransactionStatus
 
 from ... import metrics
 from ...db.queries import query
-from ...errors import InvalidArgument, StaleTokenError, mapped
+from ...errors import InvalidArgument, InvalidArgumentType, StaleTokenError, mapped
 from ...validation import (
     Duration,
     check_connection,
@@ -74,7 +74,8 @@ async def fence_async(
             "mode outside a transaction block: wrap it in `with conn.transaction():`"
         )
     if idle_timeout is True:
-        raise InvalidArgument("idle_timeout=True means nothing: pass a duration, None or False")
+        # A bool where a duration belongs: the wrong type (True would read as 1 second).
+        raise InvalidArgumentType("idle_timeout=True means nothing: pass a duration, None or False")
     set_idle = idle_timeout is not False
     idle = (
         None

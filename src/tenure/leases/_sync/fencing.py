@@ -36,7 +36,7 @@ from psycopg.pq import TransactionStatus
 
 from ... import metrics
 from ...db.queries import query
-from ...errors import InvalidArgument, StaleTokenError, mapped
+from ...errors import InvalidArgument, InvalidArgumentType, StaleTokenError, mapped
 from ...validation import (
     Duration,
     check_connection,
@@ -76,7 +76,7 @@ def fence(
             "mode outside a transaction block: wrap it in `with conn.transaction():`"
         )
     if idle_timeout is True:
-        raise InvalidArgument("idle_timeout=True means nothing: pass a duration, None or False")
+        raise InvalidArgumentType("idle_timeout=True means nothing: pass a duration, None or False")
     set_idle = idle_timeout is not False
     idle = (
         None
