@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from ..db import channels
 from ..db.timeouts import CONNECTION_KWARGS
 from ..scheduler.jobs import channel_name as scheduler_channel
 
@@ -32,10 +32,7 @@ RETRY = 2.0
 
 def channel_name(schema: str) -> str:
     """The dashboard's channel; the same rule as the trigger function in migration 6."""
-    name = f"tenure_ui_{schema}"
-    if len(name.encode("utf-8")) > 63:
-        name = "tenure_ui_" + hashlib.sha256(schema.encode("utf-8")).hexdigest()[:32]
-    return name
+    return channels.channel_name("tenure_ui", schema)
 
 
 class Broker:

@@ -9,7 +9,6 @@ and ``token`` are recorded for audits only.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import logging
 import re
 from collections.abc import Iterable, Sequence
@@ -19,6 +18,7 @@ from psycopg import AsyncConnection
 from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
+from ...db import channels
 from ...db.queries import query
 from ...errors import InvalidArgument, InvalidArgumentType, mapped
 from ...validation import (
@@ -67,10 +67,7 @@ def check_key(key: object, *, what: str = "key") -> str:
 def channel(schema: str) -> str:
     """The LISTEN/NOTIFY channel of a schema's outbox (at most 63 bytes, PostgreSQL's limit
     for identifiers; long schema names are hashed)."""
-    name = f"tenure_outbox_{schema}"
-    if len(name.encode()) <= 63:
-        return name
-    return "tenure_outbox_" + hashlib.sha256(schema.encode()).hexdigest()[:32]
+    return channels.channel_name("tenure_outbox", schema)
 
 
 def _check_in_transaction(conn: AsyncConnection[Any], what: str) -> None:
