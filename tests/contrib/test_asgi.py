@@ -41,13 +41,14 @@ def test_running_starts_the_worker_and_stops_it_with_the_block(dsn: str, schema:
         ran.append(ctx.token)
 
     async def scenario() -> None:
+        assert not scheduler.ready
         async with lifespan(scheduler)(object()):
-            assert scheduler._worker is not None and scheduler._worker.ready.is_set()
+            assert scheduler.ready
             for _ in range(60):
                 if ran:
                     break
                 await asyncio.sleep(0.1)
-        assert scheduler._worker is None  # stopped when the block ended
+        assert not scheduler.ready  # stopped when the block ended
 
     asyncio.run(scenario())
     assert ran

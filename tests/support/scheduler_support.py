@@ -180,8 +180,7 @@ class InProcessWorker:
         def ready() -> bool:
             if self.error is not None:
                 raise AssertionError(f"worker failed: {self.error!r}") from self.error
-            worker = self.app._worker
-            return worker is not None and worker.ready.is_set()
+            return self.app.ready
 
         wait_for(ready, timeout=20, what="the in-process worker to start")
         return self

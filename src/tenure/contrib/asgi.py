@@ -49,7 +49,7 @@ async def running(scheduler: Scheduler) -> AsyncIterator[Scheduler]:
     """
     task = asyncio.create_task(scheduler.run_async(handle_signals=False), name="tenure-scheduler")
     try:
-        while not task.done() and not _ready(scheduler):
+        while not task.done() and not scheduler.ready:
             await asyncio.sleep(_READY_POLL)
         if task.done():
             task.result()  # raises the startup error
@@ -64,12 +64,6 @@ async def running(scheduler: Scheduler) -> AsyncIterator[Scheduler]:
         if not task.done():
             scheduler.stop()
         await task
-
-
-def _ready(scheduler: Scheduler) -> bool:
-    # The worker sets `ready` once it has registered its jobs and starts claiming.
-    worker = scheduler._worker
-    return worker is not None and worker.ready.is_set()
 
 
 def lifespan(scheduler: Scheduler) -> Callable[[Any], AbstractAsyncContextManager[None]]:

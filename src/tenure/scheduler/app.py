@@ -304,6 +304,14 @@ class Scheduler:
                 loop.remove_signal_handler(sig)
             self._worker, self._loop = None, None
 
+    @property
+    def ready(self) -> bool:
+        """True while a worker of this Scheduler runs and has registered its jobs, so it
+        claims; False before it starts, while it connects, and after it stopped. For
+        readiness probes and for code that runs the worker in a background task."""
+        worker = self._worker
+        return worker is not None and worker.ready.is_set()
+
     def stop(self, *, cancel: bool = False) -> None:
         """Ask the running worker to stop (from any thread), like SIGTERM; ``cancel``: like a
         second SIGTERM (running jobs are cancelled and handed over at once)."""
