@@ -81,6 +81,25 @@ def test_release_expires_a_stuck_lease(client: tenure.Client, dsn: str, schema: 
 
 
 @pytest.mark.parametrize(
+    "args",
+    [["release"], ["jobs", "pause"], ["jobs", "resume"], ["jobs", "trigger"], ["jobs", "history"]],
+)
+def test_commands_inside_exec_do_not_default_to_the_execs_own_key(
+    client: tenure.Client, dsn: str, schema: str, args: list[str]
+) -> None:
+    """`tenure exec` hands its command TENURE_JOB_KEY for `tenure result put`. A script that
+    calls one of these without naming a key must be told so, not act on the lease (or job)
+    it is running under: `tenure release` would expire the exec's own lease."""
+    lease = client.acquire("running-under-exec", ttl=3600)
+    assert lease is not None
+    env = tenure_env(dsn, schema, TENURE_JOB_KEY="running-under-exec")
+    out = run_tenure(args, env)
+    assert out.returncode == 2, out
+    assert "Missing" in out.stderr and "KEY" in out.stderr.upper()
+    lease.renew()  # still held: nothing was released
+
+
+@pytest.mark.parametrize(
     ("args", "stdin", "message", "code"),
     [
         # Bad option values are usage errors: exit 2.

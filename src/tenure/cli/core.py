@@ -71,7 +71,9 @@ def migrate(dsn: str | None, schema: str, log_level: str, log_format: str) -> No
 @click.option(
     "--key",
     required=True,
-    envvar="TENURE_JOB_KEY",
+    # Not TENURE_JOB_KEY: `tenure exec` sets that for its command, which must not expire
+    # the lease it runs under by calling `tenure release` without naming a key.
+    envvar="TENURE_RELEASE_KEY",
     show_envvar=True,
     help="Job key whose lease to expire.",
 )

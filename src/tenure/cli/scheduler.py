@@ -270,7 +270,7 @@ def jobs_list(dsn: str | None, schema: str, log_level: str, log_format: str, as_
 
 @jobs_group.command("pause", context_settings=CONTEXT)
 @db_options
-@click.argument("key", envvar="TENURE_JOB_KEY")
+@click.argument("key")
 @handle_errors
 def jobs_pause(dsn: str | None, schema: str, log_level: str, log_format: str, key: str) -> None:
     """Pause KEY on every worker: no new runs (a running one finishes)."""
@@ -283,7 +283,7 @@ def jobs_pause(dsn: str | None, schema: str, log_level: str, log_format: str, ke
 
 @jobs_group.command("resume", context_settings=CONTEXT)
 @db_options
-@click.argument("key", envvar="TENURE_JOB_KEY")
+@click.argument("key")
 @handle_errors
 def jobs_resume(dsn: str | None, schema: str, log_level: str, log_format: str, key: str) -> None:
     """Resume KEY from now on (slots that passed while it was paused are not run).
@@ -304,7 +304,7 @@ def jobs_resume(dsn: str | None, schema: str, log_level: str, log_format: str, k
 
 @jobs_group.command("trigger", context_settings=CONTEXT)
 @db_options
-@click.argument("key", envvar="TENURE_JOB_KEY")
+@click.argument("key")
 @handle_errors
 def jobs_trigger(dsn: str | None, schema: str, log_level: str, log_format: str, key: str) -> None:
     """Run KEY once now, on whichever worker claims it first."""
@@ -320,7 +320,7 @@ def jobs_trigger(dsn: str | None, schema: str, log_level: str, log_format: str, 
 
 @jobs_group.command("history", context_settings=CONTEXT)
 @db_options
-@click.argument("key", envvar="TENURE_JOB_KEY")
+@click.argument("key")
 @click.option(
     "--limit",
     type=LIMIT,
