@@ -3,8 +3,11 @@
 tenure emits one :class:`Event` per lease acquire, renewal, loss, release and stale-token
 rejection. Anything can subscribe (OpenTelemetry, structlog, a test); the Prometheus sink is
 one subscriber, installed with :func:`install_prometheus` when ``prometheus_client`` is
-present (``pip install tenure[prometheus]``). Labels are low-cardinality: job and outcome
-(topic for the outbox), never owner or token.
+present (``pip install tenure[prometheus]``). Labels are low-cardinality: ``job_key`` and
+outcome (``topic`` for the outbox), never owner or token. The label is ``job_key``, not
+``job``: ``job`` is Prometheus' target label, which would overwrite it at scrape time (stored
+as ``exported_job`` under the default ``honor_labels: false``). :attr:`Event.job` keeps its
+name: it is the event's job key, not a label.
 
 Several processes (gunicorn, a pre-fork server): set ``PROMETHEUS_MULTIPROC_DIR`` to an
 empty directory before the processes start, as prometheus_client documents; each process
@@ -63,7 +66,7 @@ DELIVERY_BUCKETS: tuple[float, ...] = (
 @dataclass(frozen=True, slots=True)
 class Event:
     name: str
-    job: str
+    job: str  # the job key (the topic for OUTBOX_DELIVERY): label job_key (topic) in Prometheus
     outcome: str = ""
     value: float | None = None
 
@@ -123,38 +126,38 @@ def install_prometheus(registry: Any = None) -> Callable[[], None]:
         return _installed[id(registry)]
     kw: dict[str, Any] = {"registry": registry}
     acquire = prom.Counter(
-        "tenure_lease_acquire", "Lease acquire attempts by outcome", ["job", "outcome"], **kw
+        "tenure_lease_acquire", "Lease acquire attempts by outcome", ["job_key", "outcome"], **kw
     )
     renew = prom.Counter(
-        "tenure_lease_renew", "Lease renewals by outcome", ["job", "outcome"], **kw
+        "tenure_lease_renew", "Lease renewals by outcome", ["job_key", "outcome"], **kw
     )
-    lost = prom.Counter("tenure_lease_lost", "Leases lost while held", ["job", "reason"], **kw)
+    lost = prom.Counter("tenure_lease_lost", "Leases lost while held", ["job_key", "reason"], **kw)
     stale = prom.Counter(
         "tenure_stale_token_rejections",
         "Writes rejected for a stale fencing token: timing assumptions were broken",
-        ["job", "site"],
+        ["job_key", "site"],
         **kw,
     )
     # livesum: in multiprocess mode, the sum over live processes (a dead one holds nothing).
     held = prom.Gauge(
         "tenure_leases_held",
         "Leases this process holds",
-        ["job"],
+        ["job_key"],
         multiprocess_mode="livesum",
         **kw,
     )
     duration = prom.Histogram(
         "tenure_job_duration_seconds",
         "Job run duration",
-        ["job", "outcome"],
+        ["job_key", "outcome"],
         buckets=DURATION_BUCKETS,
         **kw,
     )
-    runs = prom.Counter("tenure_job_runs", "Job runs by outcome", ["job", "outcome"], **kw)
+    runs = prom.Counter("tenure_job_runs", "Job runs by outcome", ["job_key", "outcome"], **kw)
     lateness = prom.Histogram(
         "tenure_schedule_lateness_seconds",
         "How late a scheduled run started after its slot (database clock)",
-        ["job"],
+        ["job_key"],
         buckets=LATENESS_BUCKETS,
         **kw,
     )

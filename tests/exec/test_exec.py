@@ -658,7 +658,7 @@ def test_slot_write_refused_after_the_command_succeeded_is_an_error(
     assert result.returncode == 1, result.stderr
     line = _one_line(result.stderr)
     assert "'s1'" in line and "not marked done" in line and "may run again" in line
-    assert 'tenure_exec_last_run_outcome{job="job",outcome="slot_unrecorded"} 1' in (
+    assert 'tenure_exec_last_run_outcome{job_key="job",outcome="slot_unrecorded"} 1' in (
         prom.read_text()
     )
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 import tenure
+from tenure.exec.textfile import write_last_run
 from tests.support.env import run_tenure, tenure_env
 
 
@@ -23,7 +24,7 @@ def test_last_run_gauges_keep_the_last_success(
 ) -> None:
     env = tenure_env(dsn, schema)
     prom = tmp_path / "textfile" / "nightly.prom"
-    job = (("job", "nightly"),)
+    job = (("job_key", "nightly"),)
     ok = run_tenure(
         ["exec", "--metrics-textfile", str(prom), "--key", "nightly", "--", "true"], env
     )
@@ -63,5 +64,23 @@ def test_database_error_is_recorded_as_error(schema: str, tmp_path: Path) -> Non
     out = run_tenure(["exec", "--metrics-textfile", str(prom), "--key", "x", "--", "true"], env)
     assert out.returncode == 1
     samples = _samples(prom)
-    assert samples[("tenure_exec_last_run_outcome", (("job", "x"), ("outcome", "error")))] == 1
-    assert ("tenure_exec_last_success_timestamp_seconds", (("job", "x"),)) not in samples
+    assert samples[("tenure_exec_last_run_outcome", (("job_key", "x"), ("outcome", "error")))] == 1
+    assert ("tenure_exec_last_success_timestamp_seconds", (("job_key", "x"),)) not in samples
+
+
+def test_a_file_from_before_the_job_key_label_keeps_its_last_success(tmp_path: Path) -> None:
+    """Up to 0.x the label was `job` (which node_exporter's scrape overwrites): the first run
+    after the upgrade still finds the last success there, and writes `job_key` only."""
+    prom = tmp_path / "nightly.prom"
+    prom.write_text(
+        "# TYPE tenure_exec_last_success_timestamp_seconds gauge\n"
+        'tenure_exec_last_success_timestamp_seconds{job="other"} 1600000000.000\n'
+        'tenure_exec_last_success_timestamp_seconds{job="nightly"} 1700000000.000\n'
+    )
+    write_last_run(prom, "nightly", "failed", 1, 0.5)
+    samples = _samples(prom)
+    assert samples[("tenure_exec_last_success_timestamp_seconds", (("job_key", "nightly"),))] == (
+        1700000000.0
+    )
+    assert samples[("tenure_exec_last_run_exit_code", (("job_key", "nightly"),))] == 1
+    assert all(dict(labels).keys() <= {"job_key", "outcome"} for _, labels in samples)

@@ -65,9 +65,47 @@ def queried_metrics(text: str) -> set[str]:
     return set(re.findall(r"\btenure_[a-z0-9_]+\b", text))
 
 
+def queried_labels(promql: str) -> set[str]:
+    """Label names PromQL groups or matches on (``by``/``on``/... lists, selectors)."""
+    found: set[str] = set()
+    clauses = r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)"
+    for names in re.findall(clauses, promql):
+        found |= {n.strip() for n in names.split(",") if n.strip()}
+    for selector in re.findall(r"\{([^{}]*)\}", promql):
+        found |= set(re.findall(r"(\w+)\s*(?:=~|!~|!=|=)", selector))
+    return found
+
+
+def printed_labels(template: str) -> set[str]:
+    """Label names a Grafana legend (``{{label}}``) or an alert annotation
+    (``{{ $labels.label }}``) prints."""
+    return set(re.findall(r"\{\{\s*(\w+)\s*\}\}", template)) | set(
+        re.findall(r"\$labels\.(\w+)", template)
+    )
+
+
 def dashboard_exprs() -> list[str]:
     dashboard = json.loads(DASHBOARD.read_text())
     return [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+
+
+def dashboard_legends() -> list[str]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    return [t.get("legendFormat", "") for p in dashboard["panels"] for t in p.get("targets", [])]
+
+
+def test_label_helpers_find_what_rules_and_legends_use() -> None:
+    """Guard: the label checks in test_observe see the labels, not nothing."""
+    expr = 'sum by (job_key, site) (x{outcome="a", topic=~"b"}) unless on (job) y'
+    assert queried_labels(expr) == {"job_key", "site", "outcome", "topic", "job"}
+    assert printed_labels("{{job_key}} {{ site }}; {{ $labels.instance }}") == {
+        "job_key",
+        "site",
+        "instance",
+    }
+    assert "job_key" in queried_labels("\n".join(rule_exprs(ALERTS.read_text()).values()))
+    assert "job_key" in printed_labels(ALERTS.read_text())
+    assert "job_key" in printed_labels("\n".join(dashboard_legends()))
 
 
 def promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -120,6 +158,12 @@ def test_every_alert_has_a_unit_test_that_fires_it() -> None:
         ("severity: warning", "severity: page"),
         ("[15m]", "[1m]"),  # the stale-rejection window
         ("(tenure_job_quarantined) == 1", "(tenure_job_quarantined) == 2"),
+        # One alert per job key, whatever scrape jobs export it; the label is job_key.
+        (
+            "max by (job_key) (tenure_job_quarantined)",
+            "max by (job, job_key) (tenure_job_quarantined)",
+        ),
+        ("sum by (job_key, site)", "sum by (exported_job, site)"),
     ],
 )
 def test_the_unit_tests_notice_a_changed_rule(tmp_path: Path, old: str, new: str) -> None:

@@ -34,7 +34,7 @@ def test_prometheus_counts_acquire_busy_renew_lost_and_stale(client: tenure.Clie
             client.results.put("job", 0, token=first.token)
     finally:
         unsubscribe()
-    job = {"job": "job"}
+    job = {"job_key": "job"}
     assert _value(registry, "tenure_lease_acquire_total", **job, outcome="acquired") == 2
     assert _value(registry, "tenure_lease_acquire_total", **job, outcome="busy") == 1
     assert _value(registry, "tenure_lease_renew_total", **job, outcome="renewed") == 1

@@ -12,6 +12,7 @@ The worker processes run this module's ``app``; the relay its ``HANDLERS``.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -36,7 +37,16 @@ from tenure.db import migrations
 from tenure.observability import exporter as observe
 from tenure.observability import http
 from tenure.outbox import enqueue
-from tests.observability.test_alerts import ALERTS, dashboard_exprs, queried_metrics, rule_exprs
+from tests.observability.test_alerts import (
+    ALERTS,
+    ALERTS_TEST,
+    dashboard_exprs,
+    dashboard_legends,
+    printed_labels,
+    queried_labels,
+    queried_metrics,
+    rule_exprs,
+)
 from tests.support.env import ROOT, run_tenure, tenure_env
 from tests.support.fix_proxy import Proxy
 from tests.support.scheduler_support import query, wait_for
@@ -109,8 +119,13 @@ def scrape(port: int) -> Samples:
 
 
 def value(samples: Samples, name: str, **labels: str) -> float:
-    """The sum of ``name``'s samples whose labels include ``labels`` (0 when none)."""
+    """The sum of ``name``'s samples whose labels include ``labels`` (0 when none).
+
+    A label name no sample of ``name`` carries fails: otherwise a renamed label would make
+    every ``== 0`` assertion pass."""
     want = set(labels.items())
+    carried = {k for (n, lab) in samples if n == name for k, _ in lab}
+    assert not carried or set(labels) <= carried, f"{name} has no label {set(labels) - carried}"
     return sum(v for (n, lab), v in samples.items() if n == name and want <= lab)
 
 
@@ -277,15 +292,16 @@ def scenario(dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sce
             sc.final = {name: scrape(port) for name, port in ports.items()}
             relay = sc.final["relay"]
             stalled = sc.final[sc.stalled]
+            slow = {"job_key": "obs-slow"}
             return (
                 value(relay, "tenure_outbox_delivery_attempts_total", outcome="delivered") == 3
                 and value(relay, "tenure_outbox_delivery_attempts_total", outcome="dead") == 1
                 and value(relay, "tenure_outbox_dead_messages", topic="obs-bad") == 1
                 and value(relay, "tenure_outbox_pending_messages", topic="obs-idle") == 1
-                and value(stalled, "tenure_job_runs_total", job="obs-slow") == 1
-                and value(sc.final[sc.successor], "tenure_job_runs_total", job="obs-slow") == 1
+                and value(stalled, "tenure_job_runs_total", **slow) == 1
+                and value(sc.final[sc.successor], "tenure_job_runs_total", **slow) == 1
                 # The database snapshot (cached a few seconds) is newer than the success.
-                and value(stalled, "tenure_job_last_success_timestamp_seconds", job="obs-slow") > 0
+                and value(stalled, "tenure_job_last_success_timestamp_seconds", **slow) > 0
             )
 
         wait_for(settled, timeout=30, interval=0.5, what="the metrics to show the scenario")
@@ -298,11 +314,12 @@ def scenario(dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sce
 
 def test_job_runs_and_their_duration_buckets_moved(scenario: Scenario) -> None:
     before = sum(
-        value(scenario.baseline[w], "tenure_job_runs_total", job="obs-tick") for w in ("w1", "w2")
+        value(scenario.baseline[w], "tenure_job_runs_total", job_key="obs-tick")
+        for w in ("w1", "w2")
     )
     after = {w: scenario.final[w] for w in ("w1", "w2")}
     succeeded = sum(
-        value(s, "tenure_job_runs_total", job="obs-tick", outcome="succeeded")
+        value(s, "tenure_job_runs_total", job_key="obs-tick", outcome="succeeded")
         for s in after.values()
     )
     assert succeeded >= 3 and succeeded > before
@@ -314,7 +331,7 @@ def test_job_runs_and_their_duration_buckets_moved(scenario: Scenario) -> None:
     )
     assert succeeded <= in_db  # a run is recorded in the database before it is counted
     for s in after.values():
-        tick = {"job": "obs-tick", "outcome": "succeeded"}
+        tick = {"job_key": "obs-tick", "outcome": "succeeded"}
         count = value(s, "tenure_job_duration_seconds_count", **tick)
         assert value(s, "tenure_job_duration_seconds_bucket", le="+Inf", **tick) == count
         assert value(s, "tenure_job_duration_seconds_bucket", le="60.0", **tick) == count
@@ -322,7 +339,7 @@ def test_job_runs_and_their_duration_buckets_moved(scenario: Scenario) -> None:
         assert value(s, "tenure_job_duration_seconds_bucket", le="0.025", **tick) == 0
         assert value(s, "tenure_job_duration_seconds_sum", **tick) >= count * TICK_SLEEP
     # The successor's obs-slow run slept 3 s: above the 2.5 s bucket, within 10 s.
-    slow = {"job": "obs-slow", "outcome": "succeeded"}
+    slow = {"job_key": "obs-slow", "outcome": "succeeded"}
     successor = scenario.final[scenario.successor]
     assert value(successor, "tenure_job_duration_seconds_count", **slow) == 1
     assert value(successor, "tenure_job_duration_seconds_bucket", le="2.5", **slow) == 0
@@ -332,7 +349,7 @@ def test_job_runs_and_their_duration_buckets_moved(scenario: Scenario) -> None:
 def test_a_stale_rejection_provoked_with_sigstop_is_counted(scenario: Scenario) -> None:
     stalled = scenario.final[scenario.stalled]
     successor = scenario.final[scenario.successor]
-    job = {"job": "obs-slow"}
+    job = {"job_key": "obs-slow"}
     assert value(scenario.baseline[scenario.stalled], "tenure_stale_token_rejections_total") == 0
     # The frozen holder's result write went through ctx.results.put, a strict result write
     # (fence()'s rule in the result statement): refused, and counted as a result write.
@@ -358,16 +375,15 @@ def test_schedule_lateness_histogram(scenario: Scenario) -> None:
     total = 0.0
     for w in ("w1", "w2"):
         s = scenario.final[w]
-        count = value(s, "tenure_schedule_lateness_seconds_count", job="obs-tick")
-        assert value(s, "tenure_schedule_lateness_seconds_bucket", job="obs-tick", le="+Inf") == (
-            count
-        )
-        assert value(s, "tenure_schedule_lateness_seconds_sum", job="obs-tick") >= 0
+        tick = {"job_key": "obs-tick"}
+        count = value(s, "tenure_schedule_lateness_seconds_count", **tick)
+        assert value(s, "tenure_schedule_lateness_seconds_bucket", le="+Inf", **tick) == count
+        assert value(s, "tenure_schedule_lateness_seconds_sum", **tick) >= 0
         total += count
     assert total >= 3
     # Triggered runs are not late for a slot: no lateness for obs-slow.
     assert all(
-        value(scenario.final[w], "tenure_schedule_lateness_seconds_count", job="obs-slow") == 0
+        value(scenario.final[w], "tenure_schedule_lateness_seconds_count", job_key="obs-slow") == 0
         for w in ("w1", "w2")
     )
 
@@ -396,12 +412,12 @@ def test_database_gauges(scenario: Scenario) -> None:
     s = scenario.final["w1"]
     assert value(s, "tenure_database_up") == 1
     assert value(s, "tenure_schema_version") == migrations.latest()
-    assert value(s, "tenure_job_interval_seconds", job="obs-tick") == 1.0
+    assert value(s, "tenure_job_interval_seconds", job_key="obs-tick") == 1.0
     # Once a year: 365 or 366 days.
-    assert value(s, "tenure_job_interval_seconds", job="obs-slow") in (365 * 86400, 366 * 86400)
-    assert value(s, "tenure_job_paused", job="obs-tick") == 0
-    assert value(s, "tenure_job_quarantined", job="obs-tick") == 0
-    since = value(s, "tenure_job_seconds_since_success", job="obs-tick")
+    assert value(s, "tenure_job_interval_seconds", job_key="obs-slow") in (365 * 86400, 366 * 86400)
+    assert value(s, "tenure_job_paused", job_key="obs-tick") == 0
+    assert value(s, "tenure_job_quarantined", job_key="obs-tick") == 0
+    since = value(s, "tenure_job_seconds_since_success", job_key="obs-tick")
     assert 0 < since < 60
     [(first, last)] = query(
         scenario.dsn,
@@ -409,7 +425,7 @@ def test_database_gauges(scenario: Scenario) -> None:
         "SELECT extract(epoch FROM min(finished_at)), extract(epoch FROM max(finished_at)) "
         "FROM {schema}.job_runs WHERE job_key = 'obs-tick' AND outcome = 'succeeded'",
     )
-    stamp = value(s, "tenure_job_last_success_timestamp_seconds", job="obs-tick")
+    stamp = value(s, "tenure_job_last_success_timestamp_seconds", job_key="obs-tick")
     assert float(first) <= stamp <= float(last)
 
 
@@ -417,7 +433,14 @@ def test_no_owner_or_token_labels(scenario: Scenario) -> None:
     for samples in scenario.final.values():
         for name, labels in samples:
             if name.startswith("tenure_"):
-                assert {k for k, _ in labels} <= {"job", "outcome", "reason", "site", "topic", "le"}
+                assert {k for k, _ in labels} <= {
+                    "job_key",
+                    "outcome",
+                    "reason",
+                    "site",
+                    "topic",
+                    "le",
+                }
 
 
 def test_every_metric_the_dashboard_and_alerts_query_exists(scenario: Scenario) -> None:
@@ -431,6 +454,32 @@ def test_every_metric_the_dashboard_and_alerts_query_exists(scenario: Scenario) 
         exported |= names(samples)
     assert queried - exported == set(), "the dashboard queries metrics nobody exports"
     assert in_rules - exported == set(), "the alerts query metrics nobody exports"
+
+
+def test_every_label_the_dashboard_and_alerts_use_is_exported(scenario: Scenario) -> None:
+    exported = {
+        k
+        for samples in scenario.final.values()
+        for name, labels in samples
+        if name.startswith("tenure_")
+        for k, _ in labels
+    }
+    assert "job_key" in exported and "job" not in exported
+    target = {"job", "instance"}  # Prometheus' own, set on every series at scrape time
+    rules = ALERTS.read_text()
+    used = {
+        "dashboard queries": queried_labels("\n".join(dashboard_exprs())),
+        "dashboard legends": printed_labels("\n".join(dashboard_legends())),
+        "alert rules": queried_labels("\n".join(rule_exprs(rules).values())),
+        "alert annotations": printed_labels(rules),
+        # The promtool tests' input series must look like what Prometheus stores.
+        "alert tests' series": queried_labels(
+            "\n".join(re.findall(r"series: '([^']*)'", ALERTS_TEST.read_text()))
+        ),
+    }
+    for where, labels in used.items():
+        assert labels, where
+        assert labels - exported - target == set(), f"{where} use labels nobody exports"
 
 
 # -- readiness through network faults --------------------------------------------------------
@@ -578,16 +627,16 @@ def test_multiprocess_mode_merges_processes(dsn: str, schema: str, tmp_path: Pat
         assert other.wait(timeout=30) == 0
         s = scrape(port)
         # Both processes' counters, through one endpoint.
-        assert value(s, "tenure_lease_acquire_total", job="mp-a", outcome="acquired") == 1
-        assert value(s, "tenure_lease_acquire_total", job="mp-b", outcome="acquired") == 1
+        assert value(s, "tenure_lease_acquire_total", job_key="mp-a", outcome="acquired") == 1
+        assert value(s, "tenure_lease_acquire_total", job_key="mp-b", outcome="acquired") == 1
         assert value(s, "tenure_database_up") == 1
         from prometheus_client import multiprocess
 
         multiprocess.mark_process_dead(other.pid, str(mpdir))  # gunicorn's child_exit hook
         s = scrape(port)
-        assert value(s, "tenure_leases_held", job="mp-a") == 1
-        assert value(s, "tenure_leases_held", job="mp-b") == 0  # a dead process holds nothing
-        assert value(s, "tenure_lease_acquire_total", job="mp-b") == 1  # counters stay
+        assert value(s, "tenure_leases_held", job_key="mp-a") == 1
+        assert value(s, "tenure_leases_held", job_key="mp-b") == 0  # a dead process holds nothing
+        assert value(s, "tenure_lease_acquire_total", job_key="mp-b") == 1  # counters stay
     finally:
         for proc in (server, other):
             if proc.poll() is None:

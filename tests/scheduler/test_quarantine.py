@@ -35,7 +35,7 @@ def quarantined_gauge(dsn: str, schema: str) -> dict[str, float]:
     """tenure_job_quarantined as the metrics endpoint exports it (read from the database)."""
     collector = exporter.DatabaseCollector(exporter.Database(dsn, schema))
     [family] = [f for f in collector.collect() if f.name == "tenure_job_quarantined"]
-    return {sample.labels["job"]: sample.value for sample in family.samples}
+    return {sample.labels["job_key"]: sample.value for sample in family.samples}
 
 
 def test_a_job_that_kills_its_worker_is_quarantined_and_its_neighbour_misses_no_slot(

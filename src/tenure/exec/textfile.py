@@ -30,8 +30,12 @@ OUTCOMES = (
     "error",
 )
 
+#: The job key's label is ``job_key``: node_exporter's scrape sets ``job``, which would
+#: overwrite it. ``job`` is still read back from a file an older tenure wrote, so that the
+#: first run after the upgrade keeps the last success.
 _LAST_SUCCESS = re.compile(
-    r'^tenure_exec_last_success_timestamp_seconds\{job="(?P<job>(?:[^"\\]|\\.)*)"\} (?P<v>\S+)$'
+    r"^tenure_exec_last_success_timestamp_seconds"
+    r'\{(?:job_key|job)="(?P<job>(?:[^"\\]|\\.)*)"\} (?P<v>\S+)$'
 )
 
 
@@ -66,7 +70,7 @@ def write_last_run(
     target = Path(path)
     now = time.time()
     last_success = now if outcome == "succeeded" else _previous_success(target, job)
-    j = f'job="{_label(job)}"'
+    j = f'job_key="{_label(job)}"'
     lines = [
         "# HELP tenure_exec_last_run_timestamp_seconds When the last tenure exec run of the job"
         " ended (host clock).",

@@ -319,29 +319,29 @@ class DatabaseCollector:
         interval = GaugeMetricFamily(
             "tenure_job_interval_seconds",
             "Seconds between a scheduled job's slots (cron: the largest gap over 8 slots/days)",
-            labels=["job"],
+            labels=["job_key"],
         )
         paused = GaugeMetricFamily(
             "tenure_job_paused",
             "1 if the scheduled job is paused (tenure jobs pause)",
-            labels=["job"],
+            labels=["job_key"],
         )
         quarantined = GaugeMetricFamily(
             "tenure_job_quarantined",
             "1 if the scheduler quarantined the job (paused it: its runs kept ending with their "
             "worker gone); tenure jobs resume lifts it",
-            labels=["job"],
+            labels=["job_key"],
         )
         since = GaugeMetricFamily(
             "tenure_job_seconds_since_success",
             "Seconds since the job's newest successful run finished (database clock); with "
             "none in the run history, since its oldest history row or its registration",
-            labels=["job"],
+            labels=["job_key"],
         )
         last = GaugeMetricFamily(
             "tenure_job_last_success_timestamp_seconds",
             "When the job's newest successful run in the history finished (database clock)",
-            labels=["job"],
+            labels=["job_key"],
         )
         for job in snap.jobs:
             if job.interval is not None:
