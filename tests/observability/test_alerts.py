@@ -17,6 +17,7 @@ import prometheus_client
 import pytest
 
 from tenure import metrics
+from tenure.exec.textfile import write_last_run
 from tenure.observability import exporter as observe
 from tests.support.env import ROOT
 
@@ -138,6 +139,7 @@ def test_every_alert_has_a_unit_test_that_fires_it() -> None:
         "TenureOutboxBacklog",
         "TenureJobNoRecentSuccess",
         "TenureJobQuarantined",
+        "TenureExecSlotUnrecorded",
     } <= alerts
     tests = ALERTS_TEST.read_text()
     # An `alertname: X` followed (before the next alertname) by a non-empty exp_alerts.
@@ -158,6 +160,7 @@ def test_every_alert_has_a_unit_test_that_fires_it() -> None:
         ("severity: warning", "severity: page"),
         ("[15m]", "[1m]"),  # the stale-rejection window
         ("(tenure_job_quarantined) == 1", "(tenure_job_quarantined) == 2"),
+        ('{outcome="slot_unrecorded"}', '{outcome="failed"}'),
         # One alert per job key, whatever scrape jobs export it; the label is job_key.
         (
             "max by (job_key) (tenure_job_quarantined)",
@@ -176,9 +179,10 @@ def test_the_unit_tests_notice_a_changed_rule(tmp_path: Path, old: str, new: str
     assert out.returncode != 0, out.stdout
 
 
-def _declared() -> set[str]:
+def _declared(tmp: Path) -> set[str]:
     """Sample names the exporter can produce: the sink's families and the database
-    collector's, with the suffixes Prometheus exposes."""
+    collector's, with the suffixes Prometheus exposes; and what `tenure exec
+    --metrics-textfile` writes for node_exporter."""
     registry = prometheus_client.CollectorRegistry()
     unsubscribe = metrics.install_prometheus(registry)
     unsubscribe()
@@ -194,11 +198,18 @@ def _declared() -> set[str]:
             out |= {family.name + s for s in ("_bucket", "_count", "_sum", "_created")}
         else:
             out.add(family.name)
+    textfile = tmp / "job.prom"
+    write_last_run(textfile, "job", "succeeded", 0, 0.1, token=1)
+    out |= {
+        line.split("{", 1)[0]
+        for line in textfile.read_text().splitlines()
+        if line and not line.startswith("#")
+    }
     return out
 
 
-def test_queried_metrics_are_declared_by_the_exporter() -> None:
-    declared = _declared()
+def test_queried_metrics_are_declared_by_the_exporter(tmp_path: Path) -> None:
+    declared = _declared(tmp_path)
     in_rules = queried_metrics("\n".join(rule_exprs(ALERTS.read_text()).values()))
     in_dashboard = queried_metrics("\n".join(dashboard_exprs()))
     assert in_rules and in_dashboard
