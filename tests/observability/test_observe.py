@@ -443,7 +443,9 @@ def test_no_owner_or_token_labels(scenario: Scenario) -> None:
                 }
 
 
-def test_every_metric_the_dashboard_and_alerts_query_exists(scenario: Scenario) -> None:
+def test_every_metric_the_dashboard_and_alerts_query_exists(
+    scenario: Scenario, tmp_path: Path
+) -> None:
     exprs = dashboard_exprs()
     assert len(exprs) >= 15
     queried = queried_metrics("\n".join(exprs))
@@ -452,6 +454,14 @@ def test_every_metric_the_dashboard_and_alerts_query_exists(scenario: Scenario) 
     exported: set[str] = set()
     for samples in scenario.final.values():
         exported |= names(samples)
+    # tenure exec's gauges reach Prometheus through node_exporter's textfile collector.
+    textfile = tmp_path / "exec.prom"
+    ran = run_tenure(
+        ["exec", "--key", "obs-exec", "--metrics-textfile", str(textfile), "--", "true"],
+        tenure_env(scenario.dsn, scenario.schema),
+    )
+    assert ran.returncode == 0, ran.stderr
+    exported |= names(parse(textfile.read_text()))
     assert queried - exported == set(), "the dashboard queries metrics nobody exports"
     assert in_rules - exported == set(), "the alerts query metrics nobody exports"
 
