@@ -220,8 +220,9 @@ def test_a_worker_serves_the_dashboard_beside_its_jobs(
 
 
 def test_a_dense_window_counts_every_run_and_draws_the_notable_ones(dsn: str, schema: str) -> None:
-    """More runs than the timeline draws one by one: a density strip counts them all, and
-    bars remain for the takeover and the refused write (never lost in the crowd)."""
+    """More runs than the timeline draws one by one: a density strip counts them all (by
+    outcome, with the worst lateness per slice), and bars remain for the takeover and the
+    refused write (never lost in the crowd)."""
     from tenure.ui import Dashboard
     from tenure.ui.data import TIMELINE_LIMIT
 
@@ -251,7 +252,13 @@ def test_a_dense_window_counts_every_run_and_draws_the_notable_ones(dsn: str, sc
                              'stale_rejected', 'stale fencing token', now() - interval '40 s'),
                             ('busy', now() - interval '40 s', 'scheduled', 2, 100001, 'w-b', 'h',
                              3, now() - interval '30 s', now() - interval '25 s', 'succeeded',
-                             NULL, now() - interval '30 s')"""
+                             NULL, now() - interval '30 s'),
+                            -- A plain success, 42 s late: no bar of its own, but its lateness
+                            -- must show.
+                            ('busy', now() - interval '20 minutes 42 s', 'scheduled', 1, 99999,
+                             'w1', 'h', 1, now() - interval '20 minutes',
+                             now() - interval '19 minutes', 'succeeded', NULL,
+                             now() - interval '20 minutes')"""
             ).format(table)
         )
 
@@ -266,7 +273,14 @@ def test_a_dense_window_counts_every_run_and_draws_the_notable_ones(dsn: str, sc
     assert status == 200
     assert 'class="density"' in page
     counted = re.search(r"(\d+) runs of busy between", page)
-    assert counted is not None and int(counted.group(1)) == plain + 2
+    assert counted is not None and int(counted.group(1)) == plain + 3
+    slices = re.findall(
+        r"(\d+) run\(s\): (\d+) succeeded or running, (\d+) failed, (\d+) lost a lease", page
+    )
+    assert [sum(int(s[i]) for s in slices) for i in range(4)] == [plain + 3, plain + 2, 0, 1]
+    # Two late slices: the plain success, and the takeover's successor (10 s after its slot).
+    assert page.count('class="slice late"') == 2
+    assert "latest start 42.000s after its slot" in page
     bars = re.findall(r'data-token="(\d+)" data-outcome="(\w+)"', page)
     assert sorted(bars) == [("100000", "stale_rejected"), ("100001", "succeeded")]
     assert "takeover: token 100000 (w-a) → token 100001 (w-b)" in page

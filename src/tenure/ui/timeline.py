@@ -26,6 +26,7 @@ TOP = 26
 AXIS = 40
 MAX_LANES = 6
 STRIP = 34  # height of a dense window's density strip
+LATE = 0.5  # seconds after its slot from which a run's start is drawn as late
 
 GLYPH = {
     "succeeded": "✓",
@@ -276,7 +277,7 @@ def render(
             parts.append(
                 f'<rect class="bar" x="{x0:.1f}" y="{y}" width="{w:.1f}" height="24" rx="3"/>'
             )
-        if late is not None and late > 0.5:
+        if late is not None and late > LATE:
             # The slot it was due at, joined to its start: lateness made visible.
             xs = x(run.slot)
             parts.append(
@@ -353,12 +354,22 @@ def _strip(density: Sequence[Bucket], x: Any, top: int) -> list[str]:
         x0 = x(b.start)
         w = max(1.0, x(b.end) - x0 - 0.5)
         total = max(3.0, (STRIP - 6) * b.runs / most)
+        late = b.late is not None and b.late > LATE
         tip = escape(
             f"{_utc(b.start)} to {_utc(b.end)}: {b.runs} run(s): {b.ok} succeeded or running, "
             f"{b.failed} failed, {b.fenced} lost a lease or had a write refused, "
             f"{b.other} cancelled or skipped"
+            + (f"; latest start {b.late:.3f}s after its slot" if b.late is not None else "")
         )
-        out.append(f"<g><title>{tip}</title>")
+        out.append(
+            f'<g class="slice late"><title>{tip}</title>' if late else f"<g><title>{tip}</title>"
+        )
+        if late:
+            # Lateness stays visible when runs are only counted: a mark under the slice.
+            out.append(
+                f'<line class="late" x1="{x0:.1f}" y1="{top + STRIP - 2}" '
+                f'x2="{x0 + w:.1f}" y2="{top + STRIP - 2}"/>'
+            )
         y = top + STRIP - 6.0
         for cls, n in (
             ("d-ok", b.ok),
