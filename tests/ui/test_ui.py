@@ -219,6 +219,49 @@ def test_a_worker_serves_the_dashboard_beside_its_jobs(
         assert worker.wait(timeout=20) == 0
 
 
+def test_a_worker_serves_metrics_health_and_the_dashboard_on_one_port(
+    dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """`tenure worker --metrics-port 0 --ui`: /metrics, /healthz, /readyz and the pages on
+    the same port; the dashboard's credential (its env twin here) guards the pages only."""
+    prepare(dsn, schema)
+    env = tenure_env(dsn, schema, TENURE_WORKER_UI="1", TENURE_WORKER_UI_TOKEN=TOKEN)
+    args = ["--metrics-port", "0"]
+    with worker_processes(1, "slow", env, tmp_path, args=args) as [worker]:
+        line = wait_for(
+            lambda: next((x for x in worker.log().splitlines() if "metrics on " in x), None),
+            timeout=15,
+            what="the worker's metrics and dashboard",
+        )
+        url = line.split("metrics on ", 1)[1].split()[0].removesuffix("metrics")
+        assert f"dashboard on {url} (read-only)" in worker.log()
+        metrics = http(url + "metrics")
+        health = http(url + "healthz")
+        ready = http(url + "readyz")
+        page = http(url + "job?key=slow", headers=basic(TOKEN))
+        anonymous = http(url + "job?key=slow")
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(timeout=20) == 0
+    assert metrics.status == 200 and "tenure_schema_version" in metrics.body
+    assert (health.status, health.body) == (200, "ok\n")
+    assert ready.status == 200 and ready.body.startswith("ready"), ready.body
+    assert page.status == 200 and "<h1>slow</h1>" in page.body and "read-only" in page.body
+    assert anonymous.status == 401
+
+
+def test_worker_dashboard_usage_errors(dsn: str, schema: str) -> None:
+    env = tenure_env(dsn, schema)
+    for args, says in (
+        (["--ui"], "give --metrics-port"),
+        (["--ui", "--metrics-port", "0", "--ui-port", "0"], "give one of them"),
+        (["--ui", "--metrics-port", "0", "--ui-actions"], "--ui-actions needs a credential"),
+        (["--ui-actions", "--ui-token", TOKEN], "--ui-actions needs the dashboard"),
+    ):
+        out = run_tenure(["worker", "tests.support.scheduler_apps:slow", *args], env)
+        assert out.returncode == 2, (args, out.stderr)
+        assert says in out.stderr, (args, out.stderr)
+
+
 def test_a_dense_window_counts_every_run_and_draws_the_notable_ones(dsn: str, schema: str) -> None:
     """More runs than the timeline draws one by one: a density strip counts them all (by
     outcome, with the worst lateness per slice), and bars remain for the takeover and the

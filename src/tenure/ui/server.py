@@ -50,7 +50,7 @@ def url_of(sock: socket.socket) -> str:
     return f"http://{shown}:{port}/"
 
 
-def _server(dashboard: Dashboard) -> Any:
+def _server(app: Any) -> Any:
     try:
         import uvicorn
     except ImportError:  # pragma: no cover - depends on the environment
@@ -58,7 +58,7 @@ def _server(dashboard: Dashboard) -> Any:
             "serving the dashboard needs uvicorn: pip install 'tenure[ui]'"
         ) from None
     config = uvicorn.Config(
-        dashboard.app,
+        app,
         log_level="warning",
         access_log=False,
         lifespan="on",
@@ -71,17 +71,18 @@ def _server(dashboard: Dashboard) -> Any:
 
 def serve(dashboard: Dashboard, sock: socket.socket) -> None:
     """Serve until SIGINT/SIGTERM (uvicorn's handlers), then close the dashboard's pools."""
-    _server(dashboard).run(sockets=[sock])
+    _server(dashboard.app).run(sockets=[sock])
 
 
 class BackgroundServer:
-    """The dashboard on a daemon thread with its own event loop, beside a process's main work
-    (``tenure worker --ui-port``): signals stay with the main thread."""
+    """An ASGI app (the dashboard's, or one that also carries the metrics endpoints) on a
+    daemon thread with its own event loop, beside a process's main work (``tenure worker
+    --ui-port`` / ``--ui``): signals stay with the main thread."""
 
-    def __init__(self, dashboard: Dashboard, sock: socket.socket) -> None:
+    def __init__(self, app: Any, sock: socket.socket) -> None:
         self.url = url_of(sock)
         self._sock = sock
-        self._server = _server(dashboard)
+        self._server = _server(app)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [sock]}, name="tenure-ui", daemon=True
         )
