@@ -14,7 +14,8 @@ and, side by side, runs the page's main named query alone through plain psycopg.
 Prints p50 / p95 / max in milliseconds per page. Then the write-side cost of the dashboard's
 live updates: migration 6's statement triggers on job_runs (one NOTIFY per statement),
 measured as a run's start and finish statements (INSERT + UPDATE, autocommit) with the
-triggers enabled and disabled, in alternating rounds. Times are what the server spends; a
+triggers enabled and disabled, in alternating rounds; and the same with migration 9's
+timeline indexes and with migration 6's, alternating. Times are what the server spends; a
 browser adds the network and its own rendering. Exits non-zero only when a page does not
 answer 200. Works in its own schema (bench_ui_<random>), dropped at the end (--keep keeps it).
 """
@@ -296,6 +297,53 @@ def trigger_cost(dsn: str, schema: str, statements: int = 1000, rounds: int = 4)
     )
 
 
+def index_cost(dsn: str, schema: str, statements: int = 1000, rounds: int = 3) -> None:
+    """The same start/finish pair with migration 9's timeline indexes and with migration 6's
+    (job_runs_timeline alone), alternating: outcome is now in an index, so a run's finishing
+    UPDATE can no longer be a HOT update (no index entry) even when its page has room."""
+    ident = sql.Identifier(schema)
+    insert = sql.SQL(
+        "INSERT INTO {}.job_runs (job_key, slot, kind, token, owner, worker_id, host, pid, "
+        "started_at, outcome) VALUES ('index-bench', clock_timestamp(), 'scheduled', %s, "
+        "gen_random_uuid(), 'w', 'h', 1, clock_timestamp(), 'running')"
+    ).format(ident)
+    update = sql.SQL(
+        "UPDATE {}.job_runs SET outcome = 'succeeded', finished_at = clock_timestamp() "
+        "WHERE job_key = 'index-bench' AND token = %s AND started_at IS NOT NULL"
+    ).format(ident)
+    new = sql.SQL(
+        "CREATE INDEX job_runs_window ON {0}.job_runs (job_key, recorded_at) "
+        "INCLUDE (outcome, kind, slot); CREATE INDEX job_runs_notable ON {0}.job_runs "
+        "(job_key, recorded_at) WHERE outcome <> 'succeeded' OR attempt > 1; "
+        "DROP INDEX {0}.job_runs_timeline"
+    ).format(ident)
+    old = sql.SQL(
+        "CREATE INDEX job_runs_timeline ON {0}.job_runs (job_key, recorded_at); "
+        "DROP INDEX {0}.job_runs_window; DROP INDEX {0}.job_runs_notable"
+    ).format(ident)
+    token = 0
+    per_side: dict[str, list[float]] = {"migration 9": [], "migration 6": []}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for _ in range(rounds):
+            for side in per_side:
+                if side == "migration 6":
+                    conn.execute(old)
+                t0 = time.perf_counter()
+                for _ in range(statements // 2):
+                    token += 1
+                    conn.execute(insert, (token,))
+                    conn.execute(update, (token,))
+                per_side[side].append((time.perf_counter() - t0) / statements * 1e6)
+                if side == "migration 6":
+                    conn.execute(new)
+    now, before = (statistics.median(per_side[k]) for k in per_side)
+    print(
+        f"run start/finish statement: {now:.0f} us with migration 9's indexes, {before:.0f} us "
+        f"with migration 6's ({now / before:.2f}x; median of {rounds} rounds of {statements} "
+        "statements)"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dsn", default=os.environ.get("TENURE_DSN") or DEFAULT_DSN)
@@ -333,6 +381,7 @@ def main() -> int:
         )
         failures = asyncio.run(measure(args.dsn, schema, args.requests))
         trigger_cost(args.dsn, schema)
+        index_cost(args.dsn, schema)
     finally:
         if not args.keep:
             with psycopg.connect(args.dsn, autocommit=True) as conn:
