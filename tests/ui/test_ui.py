@@ -8,6 +8,7 @@ import base64
 import datetime as dt
 import re
 import signal
+import socket
 import urllib.parse
 from pathlib import Path
 
@@ -260,6 +261,16 @@ def test_worker_dashboard_usage_errors(dsn: str, schema: str) -> None:
         out = run_tenure(["worker", "tests.support.scheduler_apps:slow", *args], env)
         assert out.returncode == 2, (args, out.stderr)
         assert says in out.stderr, (args, out.stderr)
+    # A metrics port in use: a runtime error that names the flag to change.
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        out = run_tenure(
+            ["worker", "tests.support.scheduler_apps:slow", "--ui", "--metrics-port", port], env
+        )
+    assert out.returncode == 1, out.stderr
+    assert "choose another --metrics-port" in out.stderr, out.stderr
 
 
 def test_a_dense_window_counts_every_run_and_draws_the_notable_ones(dsn: str, schema: str) -> None:

@@ -256,6 +256,7 @@ def worker_command(
             actions=ui_actions,
             token=ui_token,
             check=not migrate,
+            flags="--ui-port (0: any free port) or --ui-host",
         )
         dashboard = BackgroundServer(built.app, sock).start()
     try:

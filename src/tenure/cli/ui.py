@@ -138,7 +138,14 @@ def serve_dashboard_with_metrics(
     from ..ui.server import BackgroundServer
 
     dashboard, sock = start_dashboard(
-        dsn=dsn, schema=schema, host=host, port=port, actions=actions, token=token, check=check
+        dsn=dsn,
+        schema=schema,
+        host=host,
+        port=port,
+        actions=actions,
+        token=token,
+        check=check,
+        flags="--metrics-port (0: any free port) or --metrics-host",
     )
     metrics_app = WSGIMiddleware(exporter_app(dsn=dsn, schema=schema))  # type: ignore[arg-type]
     server = BackgroundServer(one_port(dashboard.app, metrics_app), sock).start()
@@ -155,6 +162,7 @@ def start_dashboard(
     actions: bool,
     token: str | None,
     check: bool = True,
+    flags: str = "--port (0: any free port) or --host",
 ) -> tuple[Any, socket.socket]:
     """Build the dashboard and bind its socket, with the checks and messages of `tenure ui`
     (shared with `tenure worker --ui-port` and `--ui`)."""
@@ -170,7 +178,7 @@ def start_dashboard(
     dashboard = Dashboard(dsn, schema=schema, actions=actions, credential=token)
     if check:
         _check_schema(dsn, schema)
-    sock = bind(host, port)
+    sock = bind(host, port, flags)
     mode = "actions enabled" if actions else "read-only"
     click.echo(
         f"tenure: dashboard on {url_of(sock)} ({mode}) for schema {schema!r} on {dashboard.where}",

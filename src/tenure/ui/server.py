@@ -26,8 +26,9 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """The listening socket (bound here, so that ``port=0`` can report the port it got)."""
+def bind(host: str, port: int, flags: str = "--port (0: any free port) or --host") -> socket.socket:
+    """The listening socket (bound here, so that ``port=0`` can report the port it got).
+    ``flags``: what to change, in the error (the command's own option names)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -37,7 +38,7 @@ def bind(host: str, port: int) -> socket.socket:
         sock.close()
         raise ConfigurationError(
             f"cannot serve the dashboard on {host}:{port}: {exc.strerror or exc}; choose "
-            "another --port (0: any free port) or --host"
+            f"another {flags}"
         ) from None
     sock.listen(128)
     sock.set_inheritable(True)
