@@ -14,7 +14,8 @@ and, side by side, runs the page's main named query alone through plain psycopg.
 Prints p50 / p95 / max in milliseconds per page. Then the write-side cost of the dashboard's
 live updates: migration 6's statement triggers on job_runs (one NOTIFY per statement),
 measured as a run's start and finish statements (INSERT + UPDATE, autocommit) with the
-triggers enabled and disabled, in alternating rounds. Times are what the server spends; a
+triggers enabled and disabled, in alternating rounds; and the same with migration 9's
+timeline indexes and with migration 6's, alternating. Times are what the server spends; a
 browser adds the network and its own rendering. Exits non-zero only when a page does not
 answer 200. Works in its own schema (bench_ui_<random>), dropped at the end (--keep keeps it).
 """
@@ -88,9 +89,12 @@ SELECT 'job-00000', s.slot, 'scheduled', 1, 100000 + n, gen_random_uuid(),
 FROM generate_series(1, %(busy)s) AS n,
      LATERAL (SELECT now() - (%(busy)s - n + 1) * %(step)s * interval '1 s' AS slot) AS s;
 ANALYZE {schema}.scheduled_jobs;
-ANALYZE {schema}.job_runs;
 ANALYZE {schema}.job_leases;
 """
+
+# A week of history has been through autovacuum (insert-driven since PostgreSQL 13): the
+# visibility map lets a dense timeline count from the index alone (migration 9).
+SETTLE = "VACUUM (ANALYZE) {schema}.job_runs"
 
 
 async def asgi_get(app: Any, path: str, query: str) -> tuple[int, int]:
@@ -206,6 +210,8 @@ async def measure(dsn: str, schema: str, requests: int) -> int:
                         "job_key": key,
                         "since": since,
                         "limit": 401,
+                        "stride": (now - since) / 200,
+                        # What the dense query took before migration 9 (to bench that code).
                         "lo": since.timestamp(),
                         "hi": now.timestamp(),
                         "buckets": 200,
@@ -295,6 +301,59 @@ def trigger_cost(dsn: str, schema: str, statements: int = 1000, rounds: int = 4)
     )
 
 
+def index_cost(dsn: str, schema: str, statements: int = 1000, rounds: int = 3) -> None:
+    """The same start/finish pair with migration 9's timeline indexes and with migration 6's
+    (job_runs_timeline alone), alternating: outcome is now in an index, so a run's finishing
+    UPDATE can no longer be a HOT update (no index entry) even when its page has room."""
+    ident = sql.Identifier(schema)
+    insert = sql.SQL(
+        "INSERT INTO {}.job_runs (job_key, slot, kind, token, owner, worker_id, host, pid, "
+        "started_at, outcome) VALUES ('index-bench', clock_timestamp(), 'scheduled', %s, "
+        "gen_random_uuid(), 'w', 'h', 1, clock_timestamp(), 'running')"
+    ).format(ident)
+    update = sql.SQL(
+        "UPDATE {}.job_runs SET outcome = 'succeeded', finished_at = clock_timestamp() "
+        "WHERE job_key = 'index-bench' AND token = %s AND started_at IS NOT NULL"
+    ).format(ident)
+    new = sql.SQL(
+        "CREATE INDEX job_runs_window ON {0}.job_runs (job_key, recorded_at) "
+        "INCLUDE (outcome, kind, slot); CREATE INDEX job_runs_notable ON {0}.job_runs "
+        "(job_key, recorded_at) WHERE outcome <> 'succeeded' OR attempt > 1; "
+        "DROP INDEX {0}.job_runs_timeline"
+    ).format(ident)
+    old = sql.SQL(
+        "CREATE INDEX job_runs_timeline ON {0}.job_runs (job_key, recorded_at); "
+        "DROP INDEX {0}.job_runs_window; DROP INDEX {0}.job_runs_notable"
+    ).format(ident)
+    token = 0
+    per_side: dict[str, list[float]] = {"migration 9": [], "migration 6": []}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        if not conn.execute(
+            "SELECT FROM pg_indexes WHERE schemaname = %s AND indexname = 'job_runs_window'",
+            (schema,),
+        ).fetchall():
+            print("(no migration 9 here: index write cost not measured)")
+            return
+        for _ in range(rounds):
+            for side in per_side:
+                if side == "migration 6":
+                    conn.execute(old)
+                t0 = time.perf_counter()
+                for _ in range(statements // 2):
+                    token += 1
+                    conn.execute(insert, (token,))
+                    conn.execute(update, (token,))
+                per_side[side].append((time.perf_counter() - t0) / statements * 1e6)
+                if side == "migration 6":
+                    conn.execute(new)
+    now, before = (statistics.median(per_side[k]) for k in per_side)
+    print(
+        f"run start/finish statement: {now:.0f} us with migration 9's indexes, {before:.0f} us "
+        f"with migration 6's ({now / before:.2f}x; median of {rounds} rounds of {statements} "
+        "statements)"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dsn", default=os.environ.get("TENURE_DSN") or DEFAULT_DSN)
@@ -303,6 +362,11 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=40, help="requests per page")
     parser.add_argument("--quick", action="store_true", help="1,000 jobs, 100,000 runs")
     parser.add_argument("--keep", action="store_true", help="keep the schema afterwards")
+    parser.add_argument(
+        "--no-vacuum",
+        action="store_true",
+        help="skip the VACUUM after the fill (history that autovacuum has not reached yet)",
+    )
     args = parser.parse_args()
     if args.quick:
         args.jobs, args.runs = 1000, 100_000
@@ -320,6 +384,10 @@ def main() -> int:
                 if statement.strip():
                     text = sql.SQL(statement).format(schema=sql.Identifier(schema))  # type: ignore[arg-type]
                     conn.execute(text, params)
+            if not args.no_vacuum:
+                conn.execute(sql.SQL(SETTLE).format(schema=sql.Identifier(schema)))
+            else:
+                conn.execute(sql.SQL("ANALYZE {}.job_runs").format(sql.Identifier(schema)))
             [(runs,)] = conn.execute(
                 sql.SQL("SELECT count(*) FROM {}.job_runs").format(sql.Identifier(schema))
             ).fetchall()
@@ -331,6 +399,7 @@ def main() -> int:
         )
         failures = asyncio.run(measure(args.dsn, schema, args.requests))
         trigger_cost(args.dsn, schema)
+        index_cost(args.dsn, schema)
     finally:
         if not args.keep:
             with psycopg.connect(args.dsn, autocommit=True) as conn:

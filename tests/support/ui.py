@@ -188,3 +188,39 @@ async def asgi_get(app: Any, path: str, query: str = "") -> tuple[int, str]:
 
     await app(scope, receive, send)
     return status, body.decode()
+
+
+@contextmanager
+def wsgi_server(app: Any, prefix: str = "") -> Iterator[str]:
+    """``app`` under ``prefix`` on the standard library's WSGI server (a thread per request,
+    as a threaded WSGI server runs Django or Flask), on a free loopback port; its base URL."""
+    from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+    from wsgiref.util import shift_path_info
+
+    class Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    parts = [p for p in prefix.split("/") if p]
+
+    def dispatch(environ: dict[str, Any], start_response: Any) -> Any:
+        # What a framework's mount does: the prefix moves from PATH_INFO to SCRIPT_NAME.
+        for part in parts:
+            if shift_path_info(environ) != part:
+                start_response("404 Not Found", [("Content-Type", "text/plain")])
+                return [b"not mounted here\n"]
+        return app(environ, start_response)
+
+    server = make_server("127.0.0.1", 0, dispatch, server_class=Server, handler_class=Quiet)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1})
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}{prefix}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)

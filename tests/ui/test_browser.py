@@ -18,7 +18,15 @@ import pytest
 
 from tests.support.env import run_tenure, tenure_env
 from tests.support.scheduler_support import prepare, query, wait_for, worker_processes
-from tests.support.ui import TOKEN, chromium_missing, paused, register_job, start_browser, ui_server
+from tests.support.ui import (
+    TOKEN,
+    chromium_missing,
+    paused,
+    register_job,
+    start_browser,
+    ui_server,
+    wsgi_server,
+)
 
 missing = chromium_missing()
 pytestmark = pytest.mark.skipif(missing is not None, reason=missing or "")
@@ -194,6 +202,41 @@ def test_a_pause_from_another_connection_updates_the_open_page(
             assert active.text == "Skip to content"
         finally:
             browser.set_window_size(1280, 900)
+
+
+def test_under_wsgi_the_open_page_polls_and_still_shows_a_pause(
+    dsn: str, schema: str, browser: Any
+) -> None:
+    """No event stream under WSGI (it would hold a server thread per open page): the page
+    polls every 5 s instead, in place."""
+    from selenium.webdriver.common.by import By
+
+    from tenure.ui import wsgi_app
+
+    register_job(dsn, schema, "report")
+    app = wsgi_app(dsn, schema=schema)
+    try:
+        with wsgi_server(app, "/tenure") as url:
+            browser.get(url + "job?key=report")
+            wait_until(
+                browser,
+                lambda d: d.execute_script("return document.body.dataset.live") == "polling",
+                5,
+                "the page to fall back to polling",
+            )
+            browser.execute_script("window.__sameDocument = true")
+            assert "idle" in browser.find_element(By.ID, "job-state").text
+            out = run_tenure(["jobs", "pause", "report"], tenure_env(dsn, schema))
+            assert out.returncode == 0, out.stderr
+            wait_until(
+                browser,
+                lambda d: "paused" in d.find_element(By.ID, "job-state").text,
+                12,
+                "a poll to show the pause",
+            )
+            assert same_document(browser)
+    finally:
+        app.close()
 
 
 def test_actions_in_the_browser_need_the_credential_and_carry_csrf(

@@ -8,6 +8,7 @@ import base64
 import datetime as dt
 import re
 import signal
+import socket
 import urllib.parse
 from pathlib import Path
 
@@ -219,9 +220,63 @@ def test_a_worker_serves_the_dashboard_beside_its_jobs(
         assert worker.wait(timeout=20) == 0
 
 
+def test_a_worker_serves_metrics_health_and_the_dashboard_on_one_port(
+    dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """`tenure worker --metrics-port 0 --ui`: /metrics, /healthz, /readyz and the pages on
+    the same port; the dashboard's credential (its env twin here) guards the pages only."""
+    prepare(dsn, schema)
+    env = tenure_env(dsn, schema, TENURE_WORKER_UI="1", TENURE_WORKER_UI_TOKEN=TOKEN)
+    args = ["--metrics-port", "0"]
+    with worker_processes(1, "slow", env, tmp_path, args=args) as [worker]:
+        line = wait_for(
+            lambda: next((x for x in worker.log().splitlines() if "metrics on " in x), None),
+            timeout=15,
+            what="the worker's metrics and dashboard",
+        )
+        url = line.split("metrics on ", 1)[1].split()[0].removesuffix("metrics")
+        assert f"dashboard on {url} (read-only)" in worker.log()
+        metrics = http(url + "metrics")
+        health = http(url + "healthz")
+        ready = http(url + "readyz")
+        page = http(url + "job?key=slow", headers=basic(TOKEN))
+        anonymous = http(url + "job?key=slow")
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(timeout=20) == 0
+    assert metrics.status == 200 and "tenure_schema_version" in metrics.body
+    assert (health.status, health.body) == (200, "ok\n")
+    assert ready.status == 200 and ready.body.startswith("ready"), ready.body
+    assert page.status == 200 and "<h1>slow</h1>" in page.body and "read-only" in page.body
+    assert anonymous.status == 401
+
+
+def test_worker_dashboard_usage_errors(dsn: str, schema: str) -> None:
+    env = tenure_env(dsn, schema)
+    for args, says in (
+        (["--ui"], "give --metrics-port"),
+        (["--ui", "--metrics-port", "0", "--ui-port", "0"], "give one of them"),
+        (["--ui", "--metrics-port", "0", "--ui-actions"], "--ui-actions needs a credential"),
+        (["--ui-actions", "--ui-token", TOKEN], "--ui-actions needs the dashboard"),
+    ):
+        out = run_tenure(["worker", "tests.support.scheduler_apps:slow", *args], env)
+        assert out.returncode == 2, (args, out.stderr)
+        assert says in out.stderr, (args, out.stderr)
+    # A metrics port in use: a runtime error that names the flag to change.
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        out = run_tenure(
+            ["worker", "tests.support.scheduler_apps:slow", "--ui", "--metrics-port", port], env
+        )
+    assert out.returncode == 1, out.stderr
+    assert "choose another --metrics-port" in out.stderr, out.stderr
+
+
 def test_a_dense_window_counts_every_run_and_draws_the_notable_ones(dsn: str, schema: str) -> None:
-    """More runs than the timeline draws one by one: a density strip counts them all, and
-    bars remain for the takeover and the refused write (never lost in the crowd)."""
+    """More runs than the timeline draws one by one: a density strip counts them all (by
+    outcome, with the worst lateness per slice), and bars remain for the takeover and the
+    refused write (never lost in the crowd)."""
     from tenure.ui import Dashboard
     from tenure.ui.data import TIMELINE_LIMIT
 
@@ -251,7 +306,13 @@ def test_a_dense_window_counts_every_run_and_draws_the_notable_ones(dsn: str, sc
                              'stale_rejected', 'stale fencing token', now() - interval '40 s'),
                             ('busy', now() - interval '40 s', 'scheduled', 2, 100001, 'w-b', 'h',
                              3, now() - interval '30 s', now() - interval '25 s', 'succeeded',
-                             NULL, now() - interval '30 s')"""
+                             NULL, now() - interval '30 s'),
+                            -- A plain success, 42 s late: no bar of its own, but its lateness
+                            -- must show.
+                            ('busy', now() - interval '20 minutes 42 s', 'scheduled', 1, 99999,
+                             'w1', 'h', 1, now() - interval '20 minutes',
+                             now() - interval '19 minutes', 'succeeded', NULL,
+                             now() - interval '20 minutes')"""
             ).format(table)
         )
 
@@ -266,7 +327,14 @@ def test_a_dense_window_counts_every_run_and_draws_the_notable_ones(dsn: str, sc
     assert status == 200
     assert 'class="density"' in page
     counted = re.search(r"(\d+) runs of busy between", page)
-    assert counted is not None and int(counted.group(1)) == plain + 2
+    assert counted is not None and int(counted.group(1)) == plain + 3
+    slices = re.findall(
+        r"(\d+) run\(s\): (\d+) succeeded or running, (\d+) failed, (\d+) lost a lease", page
+    )
+    assert [sum(int(s[i]) for s in slices) for i in range(4)] == [plain + 3, plain + 2, 0, 1]
+    # Two late slices: the plain success, and the takeover's successor (10 s after its slot).
+    assert page.count('class="slice late"') == 2
+    assert "latest start 42.000s after its slot" in page
     bars = re.findall(r'data-token="(\d+)" data-outcome="(\w+)"', page)
     assert sorted(bars) == [("100000", "stale_rejected"), ("100001", "succeeded")]
     assert "takeover: token 100000 (w-a) → token 100001 (w-b)" in page

@@ -129,27 +129,46 @@ def _check_app_path(ctx: click.Context, param: click.Parameter, value: str) -> s
 )
 @metrics_options
 @click.option(
+    "--ui",
+    "ui_on_metrics_port",
+    is_flag=True,
+    envvar="TENURE_WORKER_UI",
+    show_envvar=True,
+    help="Also serve the web dashboard (as `tenure ui`; needs the ui extra) on the metrics "
+    "port: one port for /metrics, /healthz, /readyz and the dashboard (needs --metrics-port; "
+    "binds --metrics-host). [default: no dashboard]",
+)
+@click.option(
     "--ui-port",
     type=click.IntRange(0, 65535),
     default=None,
     envvar="TENURE_WORKER_UI_PORT",
     show_envvar=True,
-    help="Also serve the read-only web dashboard (as `tenure ui`; needs the ui extra) on this "
-    "port (0: any free port, printed). [default: no dashboard]",
+    help="Or serve the dashboard on a port of its own (0: any free port, printed). "
+    "[default: no dashboard]",
 )
 @click.option(
     "--ui-host",
     default="127.0.0.1",
     envvar="TENURE_WORKER_UI_HOST",
     show_envvar=True,
-    help="Address the dashboard binds to.",
+    help="Address the dashboard binds to with --ui-port.",
 )
 @click.option(
     "--ui-token",
     default=None,
     envvar="TENURE_WORKER_UI_TOKEN",
     show_envvar=True,
-    help="Credential the dashboard requires (HTTP Basic password or Bearer token).",
+    help="Credential the dashboard requires (HTTP Basic password or Bearer token; not asked "
+    "of /metrics, /healthz, /readyz). Prefer the environment variable (a flag shows in ps).",
+)
+@click.option(
+    "--ui-actions",
+    is_flag=True,
+    envvar="TENURE_WORKER_UI_ACTIONS",
+    show_envvar=True,
+    help="Enable the dashboard's pause, resume, trigger, release, retry and purge buttons "
+    "(needs --ui-token). [default: read-only]",
 )
 @click.pass_context
 @handle_errors
@@ -166,9 +185,11 @@ def worker_command(
     adopt: bool,
     metrics_port: int | None,
     metrics_host: str,
+    ui_on_metrics_port: bool,
     ui_port: int | None,
     ui_host: str,
     ui_token: str | None,
+    ui_actions: bool,
 ) -> None:
     """Run the scheduled jobs of APP (MODULE:ATTRIBUTE, a tenure.Scheduler; or $TENURE_APP)
     until SIGTERM.
@@ -180,6 +201,22 @@ def worker_command(
     (`tenure jobs list`; `tenure jobs resume KEY` lifts it). Job definitions belong to the
     app: another app's worker defining the same key refuses to start without --adopt.
     """
+    if ui_on_metrics_port and ui_port is not None:
+        raise click.UsageError(
+            "--ui serves the dashboard on the metrics port, --ui-port on a port of its own: "
+            "give one of them"
+        )
+    if ui_on_metrics_port and metrics_port is None:
+        raise click.UsageError(
+            "--ui serves the dashboard on the metrics port: give --metrics-port (or "
+            "$TENURE_METRICS_PORT)"
+        )
+    if ui_actions and not (ui_on_metrics_port or ui_port is not None):
+        raise click.UsageError("--ui-actions needs the dashboard: give --ui or --ui-port")
+    if ui_actions and not ui_token:
+        raise click.UsageError(
+            "--ui-actions needs a credential: set --ui-token or $TENURE_WORKER_UI_TOKEN"
+        )
     from . import logs
 
     logs.setup(log_level, log_format)
@@ -192,8 +229,21 @@ def worker_command(
         scheduler.schema = schema
     if migrate:
         scheduler.migrate = True
-    serve_from_cli(metrics_port, metrics_host, dsn=scheduler.dsn, schema=scheduler.schema)
     dashboard = None
+    if ui_on_metrics_port and metrics_port is not None:  # (both, as checked above)
+        from .ui import serve_dashboard_with_metrics
+
+        dashboard = serve_dashboard_with_metrics(
+            dsn=scheduler.dsn,
+            schema=scheduler.schema,
+            host=metrics_host,
+            port=metrics_port,
+            actions=ui_actions,
+            token=ui_token,
+            check=not migrate,  # the worker migrates first: nothing to warn about
+        )
+    else:
+        serve_from_cli(metrics_port, metrics_host, dsn=scheduler.dsn, schema=scheduler.schema)
     if ui_port is not None:
         from ..ui.server import BackgroundServer
         from .ui import start_dashboard
@@ -203,11 +253,12 @@ def worker_command(
             schema=scheduler.schema,
             host=ui_host,
             port=ui_port,
-            actions=False,
+            actions=ui_actions,
             token=ui_token,
-            check=not migrate,  # the worker migrates first: nothing to warn about
+            check=not migrate,
+            flags="--ui-port (0: any free port) or --ui-host",
         )
-        dashboard = BackgroundServer(built, sock).start()
+        dashboard = BackgroundServer(built.app, sock).start()
     try:
         scheduler.run(concurrency=concurrency, shutdown_grace=shutdown_grace, adopt=adopt)
     finally:

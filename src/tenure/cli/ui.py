@@ -96,6 +96,63 @@ def _check_schema(dsn: str | None, schema: str) -> None:
         )
 
 
+#: Served by the metrics app on the worker's one port (tenure.observability.http.App).
+METRICS_PATHS = frozenset({"/metrics", "/healthz", "/readyz"})
+
+
+def one_port(dashboard_app: Any, metrics_app: Any) -> Any:
+    """An ASGI app: ``/metrics``, ``/healthz`` and ``/readyz`` go to ``metrics_app``, anything
+    else (and the lifespan, which opens and closes the dashboard) to ``dashboard_app``.
+    Composed here, above both: observability and ui do not import each other."""
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] in METRICS_PATHS:
+            await metrics_app(scope, receive, send)
+        else:
+            await dashboard_app(scope, receive, send)
+
+    return app
+
+
+def serve_dashboard_with_metrics(
+    *,
+    dsn: str | None,
+    schema: str,
+    host: str,
+    port: int,
+    actions: bool,
+    token: str | None,
+    check: bool = True,
+) -> Any:
+    """`tenure worker --ui`: the dashboard and the metrics endpoints on one port, on a
+    background thread (a started :class:`~tenure.ui.server.BackgroundServer`). The metrics
+    endpoints answer without the dashboard's credential, as on a metrics port alone (a
+    Prometheus scraper and a load balancer's health check carry none)."""
+    try:
+        from a2wsgi import WSGIMiddleware
+    except ImportError:  # pragma: no cover - depends on the environment
+        raise click.UsageError(
+            "--ui needs the ui extra (a2wsgi is missing): pip install 'tenure[ui]'"
+        ) from None
+    from ..observability.http import exporter_app
+    from ..ui.server import BackgroundServer
+
+    dashboard, sock = start_dashboard(
+        dsn=dsn,
+        schema=schema,
+        host=host,
+        port=port,
+        actions=actions,
+        token=token,
+        check=check,
+        flags="--metrics-port (0: any free port) or --metrics-host",
+    )
+    metrics_app = WSGIMiddleware(exporter_app(dsn=dsn, schema=schema))  # type: ignore[arg-type]
+    server = BackgroundServer(one_port(dashboard.app, metrics_app), sock).start()
+    click.echo(f"tenure: metrics on {server.url}metrics (also /healthz, /readyz)", err=True)
+    return server
+
+
 def start_dashboard(
     *,
     dsn: str | None,
@@ -105,9 +162,10 @@ def start_dashboard(
     actions: bool,
     token: str | None,
     check: bool = True,
+    flags: str = "--port (0: any free port) or --host",
 ) -> tuple[Any, socket.socket]:
     """Build the dashboard and bind its socket, with the checks and messages of `tenure ui`
-    (shared with `tenure worker --ui-port`)."""
+    (shared with `tenure worker --ui-port` and `--ui`)."""
     from ..ui import Dashboard
     from ..ui.server import bind, is_loopback, url_of
 
@@ -120,7 +178,7 @@ def start_dashboard(
     dashboard = Dashboard(dsn, schema=schema, actions=actions, credential=token)
     if check:
         _check_schema(dsn, schema)
-    sock = bind(host, port)
+    sock = bind(host, port, flags)
     mode = "actions enabled" if actions else "read-only"
     click.echo(
         f"tenure: dashboard on {url_of(sock)} ({mode}) for schema {schema!r} on {dashboard.where}",

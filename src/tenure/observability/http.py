@@ -138,6 +138,17 @@ class MetricsServer:
         self.close()
 
 
+def exporter_app(*, dsn: str | None, schema: str) -> App:
+    """Export tenure's metrics (installing the Prometheus sink) and build the WSGI application
+    answering ``/metrics``, ``/healthz`` and ``/readyz`` for ``schema``, to serve on a server
+    of your own (:func:`serve` starts one)."""
+    metrics.install_prometheus()
+    registry = exposition_registry()
+    db = Database(dsn, schema)
+    registry.register(DatabaseCollector(db))
+    return App(registry, db)
+
+
 def serve(
     *,
     dsn: str | None,
@@ -147,15 +158,12 @@ def serve(
 ) -> MetricsServer:
     """Export tenure's metrics (installing the Prometheus sink) and serve ``/metrics``,
     ``/healthz`` and ``/readyz`` for ``schema`` on ``host:port``, in a daemon thread."""
-    metrics.install_prometheus()
-    registry = exposition_registry()
-    db = Database(dsn, schema)
-    registry.register(DatabaseCollector(db))
-    server = MetricsServer(App(registry, db), host, port).start()
+    app = exporter_app(dsn=dsn, schema=schema)
+    server = MetricsServer(app, host, port).start()
     log.info(
         "metrics on %s/metrics (health: /healthz, /readyz) for schema %r on %s",
         server.url,
         schema,
-        db.where,
+        app.db.where if app.db is not None else "-",
     )
     return server

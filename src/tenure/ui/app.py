@@ -85,7 +85,9 @@ def _age(seconds: float | None) -> str:
 
 class Dashboard:
     """The dashboard for one schema. ``actions`` needs ``credential``: a read-only dashboard
-    (the default) changes nothing in the database."""
+    (the default) changes nothing in the database. ``stream=False``: no server-sent events
+    (``/events`` answers 204 and pages poll every 5 s), for servers where an open stream
+    would hold a worker for as long as a page is open (WSGI, see :func:`wsgi_app`)."""
 
     def __init__(
         self,
@@ -94,6 +96,7 @@ class Dashboard:
         schema: str = "tenure",
         actions: bool = False,
         credential: str | None = None,
+        stream: bool = True,
     ) -> None:
         self.schema = check_schema(schema)
         if actions and not credential:
@@ -107,6 +110,7 @@ class Dashboard:
         self.where = describe(conninfo)  # never the password
         self.credential = credential
         self.actions_enabled = actions
+        self.stream = stream
         self.reader = data.Reader(conninfo, self.schema)
         self.broker = Broker(conninfo, self.schema)
         self._actions = Actions(conninfo, self.schema) if actions else None
@@ -185,6 +189,7 @@ class Dashboard:
             "schema": self.schema,
             "where": self.where,
             "actions": self.actions_enabled,
+            "stream": self.stream,
             "csrf": self.csrf.token_for(session),
             "here": _here(request),
             "notice": request.query_params.get("notice"),
@@ -284,7 +289,10 @@ class Dashboard:
 
     async def events(self, request: Request) -> Response:
         """Server-Sent Events: ``data: ["key", ...]`` when those jobs (or ``*``: anything)
-        changed. ``?key=K`` (repeatable) limits events to those keys."""
+        changed. ``?key=K`` (repeatable) limits events to those keys. Without streams: 204,
+        which tells an EventSource not to reconnect (the page polls instead)."""
+        if not self.stream:
+            return Response(status_code=204, headers={"Cache-Control": "no-store"})
         wanted = set(request.query_params.getlist("key"))
         queue = self.broker.subscribe()
         # Open the stream once LISTEN is in place: from then on no change is missed.

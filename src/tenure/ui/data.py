@@ -44,6 +44,14 @@ WINDOWS: tuple[tuple[str, int], ...] = (
 #: runs (failures, takeovers, refused writes...) get bars, the newest TIMELINE_LIMIT of them.
 TIMELINE_LIMIT = 400
 TIMELINE_BUCKETS = 200
+#: A dense timeline's outcome classes (the density strip's colours).
+OUTCOME_CLASS = {
+    "succeeded": "ok",
+    "running": "ok",
+    "failed": "failed",
+    "lease_lost": "fenced",
+    "stale_rejected": "fenced",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +225,7 @@ class Bucket:
     failed: int
     fenced: int  # lease lost or write refused
     other: int  # cancelled, abandoned, skipped
+    late: float | None = None  # the worst lateness of a scheduled run in it (seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -530,32 +539,44 @@ class Reader:
             density: tuple[Bucket, ...] = ()
             if len(rows) > TIMELINE_LIMIT:
                 running = [row for row in rows if row[10] == "running"]
-                lo, hi = since.timestamp(), now.timestamp()
-                step = (hi - lo) / TIMELINE_BUCKETS
-                buckets: list[Bucket] = []
+                # Slices of whole microseconds that cover the window (date_bin's stride).
+                span_us = math.ceil((now - since) / dt.timedelta(microseconds=1))
+                stride = dt.timedelta(microseconds=max(1, -(-span_us // TIMELINE_BUCKETS)))
+                counts: dict[int, dict[str, int]] = {}
                 notable: dict[int, tuple[Any, ...]] = {}
+                lateness: dict[int, float] = {}
                 for row in await self._all(
                     conn,
                     "ui_timeline_dense",
-                    {
-                        **params,
-                        "lo": lo,
-                        "hi": hi,
-                        "buckets": TIMELINE_BUCKETS,
-                        "limit": TIMELINE_LIMIT,
-                    },
+                    {**params, "stride": stride, "limit": TIMELINE_LIMIT},
                 ):
-                    kind, b, count, ok, failed, fenced, other = row[:7]
-                    if kind == "run":
-                        notable[row[7]] = row[7:]
-                    elif 1 <= b <= TIMELINE_BUCKETS:
-                        start = dt.datetime.fromtimestamp(lo + (b - 1) * step, dt.UTC)
-                        end = dt.datetime.fromtimestamp(lo + b * step, dt.UTC)
-                        buckets.append(Bucket(start, end, count, ok, failed, fenced, other))
+                    if row[0] == "run":
+                        notable[row[4]] = row[4:]
+                        continue
+                    index = round((row[1] - since) / stride)
+                    if 0 <= index < TIMELINE_BUCKETS:  # not runs recorded after ``now``
+                        per = counts.setdefault(index, {})
+                        cls = OUTCOME_CLASS.get(row[14], "other")
+                        per[cls] = per.get(cls, 0) + row[2]
+                        if row[3] is not None and row[14] != "misfire_skipped":
+                            worst = lateness.get(index)
+                            lateness[index] = row[3] if worst is None else max(worst, row[3])
                 for row in running:  # the run in progress, whenever it started
                     notable.setdefault(row[0], row)
                 rows = [notable[run_id] for run_id in sorted(notable)]
-                density = tuple(sorted(buckets, key=lambda bucket: bucket.start))
+                density = tuple(
+                    Bucket(
+                        since + index * stride,
+                        min(now, since + (index + 1) * stride),
+                        sum(per.values()),
+                        per.get("ok", 0),
+                        per.get("failed", 0),
+                        per.get("fenced", 0),
+                        per.get("other", 0),
+                        lateness.get(index),
+                    )
+                    for index, per in sorted(counts.items())
+                )
         return TimelineData(since, tuple(Run(*row) for row in rows), density, newest)
 
     async def leases(self, *, search: str | None = None, page: int = 1) -> LeasePage:

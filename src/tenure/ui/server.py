@@ -26,8 +26,9 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """The listening socket (bound here, so that ``port=0`` can report the port it got)."""
+def bind(host: str, port: int, flags: str = "--port (0: any free port) or --host") -> socket.socket:
+    """The listening socket (bound here, so that ``port=0`` can report the port it got).
+    ``flags``: what to change, in the error (the command's own option names)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -37,7 +38,7 @@ def bind(host: str, port: int) -> socket.socket:
         sock.close()
         raise ConfigurationError(
             f"cannot serve the dashboard on {host}:{port}: {exc.strerror or exc}; choose "
-            "another --port (0: any free port) or --host"
+            f"another {flags}"
         ) from None
     sock.listen(128)
     sock.set_inheritable(True)
@@ -50,7 +51,7 @@ def url_of(sock: socket.socket) -> str:
     return f"http://{shown}:{port}/"
 
 
-def _server(dashboard: Dashboard) -> Any:
+def _server(app: Any) -> Any:
     try:
         import uvicorn
     except ImportError:  # pragma: no cover - depends on the environment
@@ -58,7 +59,7 @@ def _server(dashboard: Dashboard) -> Any:
             "serving the dashboard needs uvicorn: pip install 'tenure[ui]'"
         ) from None
     config = uvicorn.Config(
-        dashboard.app,
+        app,
         log_level="warning",
         access_log=False,
         lifespan="on",
@@ -71,17 +72,18 @@ def _server(dashboard: Dashboard) -> Any:
 
 def serve(dashboard: Dashboard, sock: socket.socket) -> None:
     """Serve until SIGINT/SIGTERM (uvicorn's handlers), then close the dashboard's pools."""
-    _server(dashboard).run(sockets=[sock])
+    _server(dashboard.app).run(sockets=[sock])
 
 
 class BackgroundServer:
-    """The dashboard on a daemon thread with its own event loop, beside a process's main work
-    (``tenure worker --ui-port``): signals stay with the main thread."""
+    """An ASGI app (the dashboard's, or one that also carries the metrics endpoints) on a
+    daemon thread with its own event loop, beside a process's main work (``tenure worker
+    --ui-port`` / ``--ui``): signals stay with the main thread."""
 
-    def __init__(self, dashboard: Dashboard, sock: socket.socket) -> None:
+    def __init__(self, app: Any, sock: socket.socket) -> None:
         self.url = url_of(sock)
         self._sock = sock
-        self._server = _server(dashboard)
+        self._server = _server(app)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [sock]}, name="tenure-ui", daemon=True
         )

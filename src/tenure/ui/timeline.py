@@ -10,6 +10,7 @@ its lease, and whatever it tried to write with its token was refused.
 
 from __future__ import annotations
 
+import bisect
 import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ TOP = 26
 AXIS = 40
 MAX_LANES = 6
 STRIP = 34  # height of a dense window's density strip
+LATE = 0.5  # seconds after its slot from which a run's start is drawn as late
 
 GLYPH = {
     "succeeded": "✓",
@@ -92,7 +94,7 @@ def markers_of(runs: Sequence[Run]) -> list[Marker]:
     refused writes and lost leases, in time order."""
     out: list[Marker] = []
     started = [r for r in runs if r.started_at is not None]
-    newest_token = max((r.token for r in started), default=0)
+    tokens = sorted({r.token for r in started})  # for "the next token", by bisection
     # Per slot, the newest earlier run that did not end cleanly: a later run of the same
     # slot with a higher token took it over. One pass (a timeline can hold 1,500 runs).
     unclean: dict[dt.datetime, Run] = {}
@@ -116,12 +118,8 @@ def markers_of(runs: Sequence[Run]) -> list[Marker]:
         if end is None:
             continue
         if run.outcome == "stale_rejected":
-            newer = (
-                [r.token for r in started if r.token > run.token]
-                if run.token < newest_token
-                else []
-            )
-            accepted = f"; token {min(newer)} had taken over" if newer else ""
+            at = bisect.bisect_right(tokens, run.token)
+            accepted = f"; token {tokens[at]} had taken over" if at < len(tokens) else ""
             out.append(
                 Marker("refused", end, f"write refused: token {run.token} is stale{accepted}")
             )
@@ -131,15 +129,22 @@ def markers_of(runs: Sequence[Run]) -> list[Marker]:
     return out
 
 
-def _successor_start(run: Run, runs: Sequence[Run]) -> dt.datetime | None:
+def _start(run: Run) -> dt.datetime:
+    return run.started_at or run.slot
+
+
+def _successor_start(
+    run: Run, by_start: Sequence[Run], starts: Sequence[dt.datetime]
+) -> dt.datetime | None:
+    """When the first run with a higher token started, at or after ``run`` (``by_start``:
+    the started runs in start order, ``starts`` their starts). Usually the next run: a scan
+    from ``run``'s start, not over every run (a dense window draws hundreds of refused ones)."""
     if run.started_at is None or run.outcome not in ("lease_lost", "stale_rejected"):
         return None
-    later = [
-        r.started_at
-        for r in runs
-        if r.started_at is not None and r.token > run.token and r.started_at >= run.started_at
-    ]
-    return min(later) if later else None
+    for other in by_start[bisect.bisect_left(starts, run.started_at) :]:
+        if other.token > run.token:
+            return other.started_at
+    return None
 
 
 def render(
@@ -221,6 +226,8 @@ def render(
         )
         t += step
     parts.extend(_strip(density, x, TOP))
+    by_start = sorted((r for r in runs if r.started_at is not None), key=_start)
+    starts = [_start(r) for r in by_start]
     lane_free: dict[int, float] = {}  # where each lane's next outside label may start
     next_x: dict[int, float] = {}  # where the next bar of the same lane starts
     following: dict[int, float] = {}
@@ -262,7 +269,7 @@ def render(
                 f'<path d="M{cx:.1f} {cy - 6} l6 6 l-6 6 l-6 -6 z"/></g>'
             )
             continue
-        handover = _successor_start(run, runs)
+        handover = _successor_start(run, by_start, starts)
         parts.append(f'<g class="{cls}" {attrs}><title>{title}</title>')
         if handover is not None and start <= handover < end:
             xh = x(handover)
@@ -276,7 +283,7 @@ def render(
             parts.append(
                 f'<rect class="bar" x="{x0:.1f}" y="{y}" width="{w:.1f}" height="24" rx="3"/>'
             )
-        if late is not None and late > 0.5:
+        if late is not None and late > LATE:
             # The slot it was due at, joined to its start: lateness made visible.
             xs = x(run.slot)
             parts.append(
@@ -353,12 +360,22 @@ def _strip(density: Sequence[Bucket], x: Any, top: int) -> list[str]:
         x0 = x(b.start)
         w = max(1.0, x(b.end) - x0 - 0.5)
         total = max(3.0, (STRIP - 6) * b.runs / most)
+        late = b.late is not None and b.late > LATE
         tip = escape(
             f"{_utc(b.start)} to {_utc(b.end)}: {b.runs} run(s): {b.ok} succeeded or running, "
             f"{b.failed} failed, {b.fenced} lost a lease or had a write refused, "
             f"{b.other} cancelled or skipped"
+            + (f"; latest start {b.late:.3f}s after its slot" if b.late is not None else "")
         )
-        out.append(f"<g><title>{tip}</title>")
+        out.append(
+            f'<g class="slice late"><title>{tip}</title>' if late else f"<g><title>{tip}</title>"
+        )
+        if late:
+            # Lateness stays visible when runs are only counted: a mark under the slice.
+            out.append(
+                f'<line class="late" x1="{x0:.1f}" y1="{top + STRIP - 2}" '
+                f'x2="{x0 + w:.1f}" y2="{top + STRIP - 2}"/>'
+            )
         y = top + STRIP - 6.0
         for cls, n in (
             ("d-ok", b.ok),

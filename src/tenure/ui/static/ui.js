@@ -95,7 +95,8 @@
   }
 
   function listen() {
-    if (!window.EventSource) { poll(); return; }
+    // No EventSource, or a server without streams (the dashboard under WSGI): poll.
+    if (!window.EventSource || body.dataset.stream === "off") { poll(); return; }
     var url = base + "/events" + (keys.length ? "?" + keys.map(function (k) {
       return "key=" + encodeURIComponent(k);
     }).join("&") : "");
