@@ -95,6 +95,28 @@ FROM generate_series(0, {jobs} - 1) AS n
 """
 
 
+RUN_COLUMNS = {
+    "job_runs": "run_id, job_key, kind, attempt, token, owner, worker_id, host, pid, outcome, "
+    "error",
+    "exec_runs": "run_id, job_key, token, slot, host, pid, outcome, exit_code, error",
+}
+SPREAD = {
+    table: [
+        f"CREATE TEMP TABLE spread_{table} AS SELECT {cols}, now() - interval '7 days' * "
+        f"(1 - row_number() OVER (ORDER BY run_id) / count(*) OVER ()::float8) AS t "
+        f"FROM {{schema}}.{table}",
+        f"TRUNCATE {{schema}}.{table}",
+        f"INSERT INTO {{schema}}.{table} ({cols}, started_at, finished_at, recorded_at"
+        + (", slot" if table == "job_runs" else "")
+        + f") OVERRIDING SYSTEM VALUE SELECT {cols}, t, t + interval '50 ms', t"
+        + (", t" if table == "job_runs" else "")
+        + f" FROM spread_{table} ORDER BY run_id",
+        f"DROP TABLE spread_{table}",
+    ]
+    for table, cols in RUN_COLUMNS.items()
+}
+
+
 def stmt(text: str, schema: str) -> sql.Composed:
     return sql.SQL(text.replace("{jobs}", str(JOBS))).format(schema=sql.Identifier(schema))
 
@@ -351,18 +373,13 @@ def read_side(dsn: str, schema: str, conn: psycopg.Connection[Any]) -> None:
     print(f"{'history':<28} {'tenure status':>14} {'ui overview':>12} {'ui by last run':>15}")
     for shape in ("all in the last hour", "spread over 7 days"):
         if shape != "all in the last hour":
-            conn.execute(
-                stmt(
-                    "UPDATE {schema}.job_runs SET recorded_at = t, started_at = t, "
-                    "finished_at = t + interval '50 ms', slot = t FROM ("
-                    "SELECT run_id AS id, now() - interval '7 days' * "
-                    "(1 - row_number() OVER (ORDER BY run_id) / %(n)s::float8) AS t "
-                    "FROM {schema}.job_runs) AS s WHERE run_id = s.id",
-                    schema,
-                ),
-                {"n": rows},
-            )
-        conn.execute(stmt("VACUUM ANALYZE {schema}.job_runs", schema))
+            # Rewritten in run_id order, as 7 days of appends would have laid them out (an
+            # UPDATE would scatter the newest rows over the whole heap).
+            for table in ("job_runs", "exec_runs"):
+                for text in SPREAD[table]:
+                    conn.execute(stmt(text, schema))
+        for table in ("job_runs", "exec_runs"):
+            conn.execute(stmt(f"VACUUM ANALYZE {{schema}}.{table}", schema))
         with tenure.connect(dsn, schema=schema, pool_size=2) as client:
             status_ms = timed(lambda: overview(client), 5)
         overview_ms = timed(lambda: conn.execute(queries["ui_overview_jobs"], {}).fetchall(), 5)
