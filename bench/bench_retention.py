@@ -21,7 +21,8 @@ Deleted rows' space is reused once VACUUM has passed: autovacuum's job on a real
 test server often runs with autovacuum off; then (``--vacuum auto``) the pruner runs a plain
 VACUUM of the tables after each pass, as autovacuum would, and says so.
 
-Then a control of ``--control`` seconds (default 60) with the pruner stopped. Every
+Then a control of ``--control`` seconds (default 60) with the pruner stopped, and as long
+again with it back (it catches up with the control's backlog). Every
 ``--slice`` seconds one line: rows (exact), table + index size,
 rows pruned, and the run loop's p50 / p99 / max latency. Then the operator's read queries on
 the table at its retention size: `tenure status` (observability.status.overview) and the
@@ -230,10 +231,16 @@ def sizes(conn: psycopg.Connection[Any], schema: str) -> tuple[int, int]:
 
 
 def timed(fn: Any, n: int) -> float:
+    """Median milliseconds of ``n`` calls; NaN if one fails (tenure's 5 s statement timeout
+    on a saturated machine), which the table then shows."""
     times = []
     for _ in range(n):
         t0 = time.perf_counter()
-        fn()
+        try:
+            fn()
+        except (tenure.TenureError, psycopg.Error) as exc:
+            print(f"  ({type(exc).__name__}: {str(exc).splitlines()[0][:100]})")
+            return float("nan")
         times.append((time.perf_counter() - t0) * 1000)
     return statistics.median(times)
 
@@ -324,12 +331,16 @@ def report(
         f"{'written':>9} {'pruned':>9} {'runs':>6} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7}"
     )
     start = time.monotonic()
-    phases = [("pruning", duration), ("no prune", args.control)]
+    # The control sits between two pruning stretches, so its latency is compared with
+    # neighbours under the same outside load; the last stretch also eats its backlog.
+    phases = [("pruning", duration), ("no prune", args.control), ("pruning", args.control)]
     try:
         elapsed = 0.0
         for phase, length in phases:
             if phase == "no prune":
                 state.prune_on.clear()
+            else:
+                state.prune_on.set()
             end = elapsed + length
             while elapsed < end - 1e-6:
                 step = min(args.slice, end - elapsed)
