@@ -383,3 +383,39 @@ def test_exec_prunes_its_own_history_after_a_run(
     ]
     [(slot, open_until)] = run(dsn, schema, "SELECT slot, open_until FROM {schema}.exec_slots")
     assert open_until is not None and slot.endswith("Z")
+
+
+def test_status_finds_each_jobs_newest_run_through_its_key_at_retention_size(
+    client: tenure.Client, dsn: str, schema: str
+) -> None:
+    """`tenure status` looks up every job's newest run. With a week of exec history for a
+    few keys and many scheduled jobs without any, the planner chose to walk exec_runs'
+    primary key backwards for each job, filtering on its key: the whole table per job that
+    has no exec run (seconds at retention size). The lookup must go through the job's key."""
+    run(
+        dsn,
+        schema,
+        "INSERT INTO {schema}.exec_runs (job_key, token, host, pid, started_at, outcome, "
+        "recorded_at) SELECT 'exec-' || (n %% 10), n, 'h', 1, now(), 'succeeded', "
+        "now() - (n || ' s')::interval FROM generate_series(1, 20000) n",
+    )
+    run(
+        dsn,
+        schema,
+        "INSERT INTO {schema}.scheduled_jobs (job_key, every, timezone, ttl, misfire, on_crash, "
+        "defined_at, defined_by, next_slot) SELECT 'job-' || n, interval '1 s', 'UTC', "
+        "interval '30 s', 'latest', 'retry', now(), 't', now() FROM generate_series(1, 300) n",
+    )
+    seed(dsn, schema, "job_runs", 20000, NEW, key="job-1")
+    for table in ("exec_runs", "job_runs", "scheduled_jobs"):
+        run(dsn, schema, f"VACUUM ANALYZE {{schema}}.{table}")
+    from tenure.db.queries import query
+
+    with psycopg.connect(dsn) as conn:
+        plan = "\n".join(
+            row[0]
+            for row in conn.execute(
+                b"EXPLAIN " + query(schema, "status_jobs"), {"window": dt.timedelta(hours=1)}
+            )
+        )
+    assert "exec_runs_pkey" not in plan and "job_runs_pkey" not in plan, plan
