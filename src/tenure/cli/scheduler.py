@@ -193,9 +193,9 @@ def worker_command(
     def given(name: str) -> bool:
         return ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
 
-    if ctx.get_parameter_source("dsn") is not click.core.ParameterSource.DEFAULT:
+    if given("dsn"):
         scheduler.dsn = dsn
-    if ctx.get_parameter_source("schema") is not click.core.ParameterSource.DEFAULT:
+    if given("schema"):
         scheduler.schema = schema
     if migrate:
         scheduler.migrate = True
