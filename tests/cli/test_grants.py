@@ -107,7 +107,7 @@ def test_grants_prints_quoted_statements_for_every_table(dsn: str, schema: str) 
     lines = out.stdout.splitlines()
     assert all(line.startswith(("--", "GRANT ")) for line in lines)
     assert 'GRANT USAGE ON SCHEMA "my schema" TO "app""x";' in lines
-    assert 'GRANT SELECT, INSERT ON "my schema"."exec_slots" TO "app""x";' in lines
+    assert 'GRANT SELECT, INSERT, DELETE ON "my schema"."exec_slots" TO "app""x";' in lines
     assert len([line for line in lines if line.startswith("GRANT")]) == 1 + len(TABLES)
     bad = run_tenure(["grants", "--role", "x" * 64], tenure_env(dsn, schema))
     assert bad.returncode == 2 and "63 bytes" in bad.stderr

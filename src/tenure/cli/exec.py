@@ -13,7 +13,7 @@ from ..exec.output import PROG
 from ..exec.runner import EXIT_LEASE_LOST, EXIT_USAGE, ExecRequest, main, run_with_textfile
 from ..exec.slots import check_period, check_slot
 from .common import CONTEXT, db_options, error_line, setup_logs
-from .params import DURATION, check_ttl_option
+from .params import DURATION, POSITIVE_DURATION, check_ttl_option
 
 EPILOG = f"""\b
 Exit codes:
@@ -194,6 +194,15 @@ def _check_key(ctx: click.Context, param: click.Parameter, value: str) -> str:
     "/var/lib/node_exporter/textfile/KEY.prom.",
 )
 @click.option(
+    "--retention",
+    type=POSITIVE_DURATION,
+    default="7d",
+    envvar="TENURE_EXEC_RETENTION",
+    show_envvar=True,
+    help="After each run, prune a bounded amount of exec history older than this (finished "
+    "runs; slots no run can name again). `tenure prune` does the rest on demand.",
+)
+@click.option(
     "--quiet",
     "-q",
     is_flag=True,
@@ -213,6 +222,7 @@ def exec_command(
     busy_exit: int,
     slot: str | None,
     every: int | None,
+    retention: float,
     quiet: bool,
     metrics_textfile: str | None,
     command: tuple[str, ...],
@@ -249,6 +259,7 @@ def exec_command(
         quiet=quiet,
         dsn=dsn,
         schema=schema,
+        retention=retention,
     )
     if metrics_textfile is None:
         sys.exit(main(request))

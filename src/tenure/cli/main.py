@@ -16,6 +16,7 @@ from .common import CONTEXT, TenureGroup
 from .exec import exec_command
 from .grants import grants
 from .outbox import outbox, relay
+from .prune import prune
 from .scheduler import jobs, worker
 from .ui import ui
 from .verify import verify_command
@@ -42,6 +43,7 @@ def cli() -> None:
       tenure doctor                    check DSN, connectivity, schema, clocks, PgBouncer
       tenure verify                    prove the guarantee on your deployment, under faults
       tenure ui                        web dashboard: jobs, leases, takeovers, live
+      tenure prune --dry-run           history retention (workers and relays also prune)
     """
 
 
@@ -56,6 +58,7 @@ for command in (
     exec_command,
     relay,
     outbox,
+    prune,
     worker,
     jobs,
     observability.doctor,

@@ -19,7 +19,7 @@ from .common import (
     setup_logs,
     usage_error,
 )
-from .params import DURATION, MESSAGE_ID
+from .params import DURATION, MESSAGE_ID, retention_options
 
 
 def _check_webhooks(
@@ -152,6 +152,7 @@ def _check_webhooks(
     show_envvar=True,
     help="The client certificate's private key (PEM), if not in the --client-cert file.",
 )
+@retention_options
 @metrics_options
 @handle_errors
 def relay(
@@ -173,6 +174,8 @@ def relay(
     ca_bundle: str | None,
     client_cert: str | None,
     client_key: str | None,
+    retention: float,
+    inbox_retention: float,
     metrics_port: int | None,
     metrics_host: str,
 ) -> None:
@@ -243,6 +246,8 @@ def relay(
         backoff_max=backoff_max,
         poll=poll,
         topics=topics or None,
+        retention=retention,
+        inbox_retention=inbox_retention,
     )
     click.echo(f"tenure relay {done.id}: stopped ({done.delivered} delivered)")
 

@@ -56,3 +56,38 @@ def check_ttl_option(ctx: click.Context, param: click.Parameter, value: float) -
         return check_ttl(value)
     except InvalidArgument as exc:
         raise click.BadParameter(str(exc)) from None
+
+
+def check_inbox_retention(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    from ..db.retention import MIN_INBOX_RETENTION
+
+    if value < MIN_INBOX_RETENTION:
+        raise click.BadParameter(
+            f"must be at least 1d, got {value:g}s: inbox rows are the consumers' memory of what "
+            "they applied, and a redelivery after its row is gone is applied again"
+        )
+    return value
+
+
+def retention_options(fn: Any) -> Any:
+    """``--retention`` and ``--inbox-retention``: how long the history a long-running command
+    prunes in the background is kept (docs/retention.md)."""
+    fn = click.option(
+        "--inbox-retention",
+        type=POSITIVE_DURATION,
+        default="30d",
+        envvar="TENURE_INBOX_RETENTION",
+        show_envvar=True,
+        callback=check_inbox_retention,
+        help="Prune inbox claims older than this (at least 1d; longer than any redelivery).",
+    )(fn)
+    fn = click.option(
+        "--retention",
+        type=POSITIVE_DURATION,
+        default="7d",
+        envvar="TENURE_RETENTION",
+        show_envvar=True,
+        help="Prune history older than this, in short batches every few minutes: run "
+        "histories, slots no run can name again, delivered outbox messages.",
+    )(fn)
+    return fn

@@ -25,7 +25,7 @@ from .common import (
     serve_from_cli,
     setup_logs,
 )
-from .params import CONCURRENCY, DURATION, LIMIT
+from .params import CONCURRENCY, DURATION, LIMIT, retention_options
 from .tables import printable
 
 if TYPE_CHECKING:
@@ -127,6 +127,7 @@ def _check_app_path(ctx: click.Context, param: click.Parameter, value: str) -> s
     help="Take over job keys that another app registered (without it the worker refuses to "
     "start rather than redefine them). The app is Scheduler(name=...), default APP as given.",
 )
+@retention_options
 @metrics_options
 @click.option(
     "--ui",
@@ -183,6 +184,8 @@ def worker_command(
     shutdown_grace: float | None,
     migrate: bool,
     adopt: bool,
+    retention: float,
+    inbox_retention: float,
     metrics_port: int | None,
     metrics_host: str,
     ui_on_metrics_port: bool,
@@ -222,13 +225,25 @@ def worker_command(
     logs.setup(log_level, log_format)
     scheduler = load_app(app)
     scheduler.default_name = app  # the app's name unless Scheduler(name=...) gives one
+
     # Operator settings win over the app's, but only when actually given.
-    if ctx.get_parameter_source("dsn") is not click.core.ParameterSource.DEFAULT:
+    def given(name: str) -> bool:
+        return ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
+
+    if given("dsn"):
         scheduler.dsn = dsn
-    if ctx.get_parameter_source("schema") is not click.core.ParameterSource.DEFAULT:
+    if given("schema"):
         scheduler.schema = schema
     if migrate:
         scheduler.migrate = True
+    if given("retention") or given("inbox_retention"):
+        from ..db.retention import Retention
+
+        scheduler.retention = Retention.of(
+            retention if given("retention") else scheduler.retention.history,
+            inbox_retention if given("inbox_retention") else scheduler.retention.inbox,
+        )
+        scheduler.history_retention = scheduler.retention.history
     dashboard = None
     if ui_on_metrics_port and metrics_port is not None:  # (both, as checked above)
         from .ui import serve_dashboard_with_metrics

@@ -215,11 +215,16 @@ class Guard:
         and check the slot again under it; an :class:`Attempt` when this call must not run."""
         client = self._client()
         slot: str | None = None
+        open_until: dt.datetime | None = None
         if self.schedule is not None:
-            slot = format_slot(nearest_tick(self.schedule, client.now()))
+            tick = nearest_tick(self.schedule, client.now())
+            slot = format_slot(tick)
+            # The tick is named while the clock is nearer to it than to the next one.
+            open_until = tick + (self.schedule.next_after(tick) - tick) / 2
         if self.has_slots:
             state = slot_state(client, self.key, slot or self.slot, self.every)
             slot = state.slot
+            open_until = open_until or state.open_until
             if state.done:
                 return self._skip("already_done", slot, None, f"slot {slot} already done")
         try:
@@ -230,7 +235,7 @@ class Guard:
         # takeover waited for its fenced transaction is visible now.
         if slot is not None and slot_state(client, self.key, slot, None).done:
             return self._skip("already_done", slot, lease.token, "already done")
-        return _Held(client, lease, slot)
+        return _Held(client, lease, slot, open_until)
 
     def _with_context(self, held: _Held, pass_context: bool, args: Any) -> Any:
         if not pass_context:
@@ -256,7 +261,7 @@ class Guard:
 
     def _succeeded(self, held: _Held, started: float, result: R) -> Attempt[R]:
         """The function returned: mark the slot done (fenced), unless the lease was lost."""
-        client, lease, slot = held
+        client, lease, slot, open_until = held
         extra = {"job": self.key, "slot": slot, "token": lease.token}
         if lease.lost:
             metrics.emit(metrics.JOB, self.key, "lease_lost", time.monotonic() - started)
@@ -271,7 +276,7 @@ class Guard:
             lease.check()  # raises LeaseLost
         try:
             if slot is not None:
-                record_slot(client, lease, slot)
+                record_slot(client, lease, slot, open_until=open_until)
         except StaleTokenError:
             log.warning(
                 "%r ran slot %s but lost its lease (token %s) before marking it done; the "
@@ -289,11 +294,13 @@ class Guard:
 
 
 class _Held(NamedTuple):
-    """A call that won: the client, its lease and its slot (None without a slot rule)."""
+    """A call that won: the client, its lease and its slot (None without a slot rule), and
+    the end of the slot's window (None for a slot named by the caller: kept for good)."""
 
     client: Client
     lease: Lease
     slot: str | None
+    open_until: dt.datetime | None = None
 
 
 def once(

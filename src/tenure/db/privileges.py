@@ -33,7 +33,9 @@ TABLES: tuple[TableNeed, ...] = (
     ),
     TableNeed("report_results", ("SELECT", "INSERT", "UPDATE"), "results.put/get, `tenure result`"),
     TableNeed(
-        "exec_slots", ("SELECT", "INSERT"), "`tenure exec --slot/--every` (slots marked done)"
+        "exec_slots",
+        ("SELECT", "INSERT", "DELETE"),
+        "`tenure exec --slot/--every` (slots marked done; DELETE: retention)",
     ),
     TableNeed(
         "scheduled_jobs",
@@ -48,16 +50,20 @@ TABLES: tuple[TableNeed, ...] = (
     TableNeed(
         "outbox",
         ("SELECT", "INSERT", "UPDATE", "DELETE"),
-        "outbox.enqueue, `tenure relay`, `tenure outbox` (DELETE: `outbox purge`)",
+        "outbox.enqueue, `tenure relay`, `tenure outbox` (DELETE: `outbox purge`, retention)",
     ),
-    TableNeed("inbox", ("SELECT", "INSERT"), "tenure.inbox.claim (consumers)"),
+    TableNeed(
+        "inbox", ("SELECT", "INSERT", "DELETE"), "tenure.inbox.claim (consumers; DELETE: retention)"
+    ),
     TableNeed(
         "outbox_relays",
         ("SELECT", "INSERT", "UPDATE", "DELETE"),
         "`tenure relay` (the topics each live relay handles), `tenure outbox list`",
     ),
     TableNeed(
-        "exec_runs", ("SELECT", "INSERT", "UPDATE"), "`tenure exec` run history, `tenure status`"
+        "exec_runs",
+        ("SELECT", "INSERT", "UPDATE", "DELETE"),
+        "`tenure exec` run history (DELETE: retention), `tenure status`",
     ),
 )
 

@@ -86,3 +86,37 @@ def record_finish(
         ),
         "`tenure status` will show this run as unfinished",
     )
+
+
+#: Rows one opportunistic prune statement deletes, and the most statements per table per
+#: run: a run adds one row, so any run rate is outpaced while each exec pays a few ms.
+PRUNE_BATCH = 1000
+PRUNE_BATCHES = 2
+
+
+def prune_history(client: Client, retention: float) -> None:
+    """After a run: delete a bounded amount of exec history older than ``retention``
+    seconds (see :mod:`tenure.db.retention`), for at most :data:`WAIT` seconds. Quiet: a
+    role without DELETE on the history (or a schema not migrated yet) is logged at debug
+    level, and the run's outcome stands regardless."""
+    from ..db.retention import EXEC_TABLES, Retention, describe, prune
+    from ..errors import TenureError
+
+    def run() -> None:
+        failed: dict[str, TenureError] = {}
+        counts = prune(
+            client,
+            Retention.of(retention),
+            tables=EXEC_TABLES,
+            batch=PRUNE_BATCH,
+            max_batches=PRUNE_BATCHES,
+            failed=failed,
+        )
+        if any(counts.values()):
+            log.info("pruned exec history: %s", describe(counts))
+        for name, exc in failed.items():
+            log.debug("could not prune %s: %s", name, exc)
+
+    thread = threading.Thread(target=run, name="tenure-exec-prune", daemon=True)
+    thread.start()
+    thread.join(WAIT)

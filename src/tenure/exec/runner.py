@@ -34,12 +34,14 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .history import record_finish, record_start
+from .history import prune_history, record_finish, record_start
 from .output import say
 from .slots import SlotState, record_slot, slot_state
 from .supervisor import Interrupted, Supervisor, exit_code
 
 if TYPE_CHECKING:
+    import datetime as dt
+
     from ..errors import LeaseBusy
     from ..leases._sync.client import Client
     from ..leases._sync.lease import Lease
@@ -74,6 +76,8 @@ class ExecRequest:
     quiet: bool
     dsn: str | None
     schema: str
+    #: Exec history older than this (seconds) is pruned, a bounded amount, after each run.
+    retention: float = 7 * 86400.0
 
 
 def run_with_textfile(request: ExecRequest, path: str) -> int:
@@ -139,10 +143,11 @@ def _run_connected(client: Client, conninfo: str, req: ExecRequest, child: Super
     from ..errors import LeaseBusy
 
     slot: str | None = None
+    open_until: dt.datetime | None = None
     if req.slot is not None or req.every is not None:
         # A slot already done needs no token: answer before taking the lease.
         state = slot_state(client, req.key, req.slot, req.every)
-        slot = state.slot
+        slot, open_until = state.slot, state.open_until
         if state.done:
             metrics.emit(metrics.JOB, req.key, "already_done")
             _already_done(req, state)
@@ -156,12 +161,14 @@ def _run_connected(client: Client, conninfo: str, req: ExecRequest, child: Super
     started = time.monotonic()
     try:
         with client.lease(req.key, ttl=req.ttl, wait=req.wait) as lease:
-            code, outcome = _run_leased(client, lease, conninfo, req, slot, child)
+            code, outcome = _run_leased(client, lease, conninfo, req, slot, child, open_until)
     except LeaseBusy as busy:
         metrics.emit(metrics.JOB, req.key, "busy")
         if not req.quiet:
             say(_busy_line(busy, req))
         return req.busy_exit
+    # Lease released: each run pays for the history it leaves (docs/retention.md).
+    prune_history(client, req.retention)
     metrics.emit(metrics.JOB, req.key, outcome, time.monotonic() - started)
     return code
 
@@ -173,6 +180,7 @@ def _run_leased(
     req: ExecRequest,
     slot: str | None,
     child: Supervisor,
+    open_until: dt.datetime | None = None,
 ) -> tuple[int, str]:
     """With the lease held: start the command, supervise it, record the slot."""
     extra = {"job": req.key, "token": lease.token, "slot": slot}
@@ -235,7 +243,7 @@ def _run_leased(
         finish("failed", code, f"exit status {code}")
         return code, "failed"
     if slot is not None:
-        code, outcome = _record(client, lease, slot, extra)
+        code, outcome = _record(client, lease, slot, extra, open_until)
         if outcome != "succeeded":
             # The command succeeded, its slot was not marked done: the run failed its
             # promise of once per slot (or lost its lease first).
@@ -246,13 +254,19 @@ def _run_leased(
     return code, "succeeded"
 
 
-def _record(client: Client, lease: Lease, slot: str, extra: dict[str, Any]) -> tuple[int, str]:
+def _record(
+    client: Client,
+    lease: Lease,
+    slot: str,
+    extra: dict[str, Any],
+    open_until: dt.datetime | None,
+) -> tuple[int, str]:
     """Mark the slot done after the command succeeded. A slot that cannot be marked will run
     again: never a silent success."""
     from ..errors import DatabaseUnavailable, StaleTokenError, TenureError
 
     try:
-        record_slot(client, lease, slot, extra)
+        record_slot(client, lease, slot, extra, open_until=open_until)
     except StaleTokenError:
         say(
             f"lease {lease.job_key!r} token {lease.token} was lost before slot {slot!r} could "

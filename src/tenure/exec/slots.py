@@ -37,13 +37,16 @@ MAX_SLOT = 200
 class SlotState:
     """A slot as the database sees it: its name (computed by the database for --every), which
     token completed it and when (database clock) if some run did, and whether this role may
-    mark it done (``can_record``, with ``role`` to name it)."""
+    mark it done (``can_record``, with ``role`` to name it). ``open_until``: for a slot
+    computed from a period, the end of its window (no run can name it after that, so
+    retention may forget it); None for a slot named by the caller."""
 
     slot: str
     done_token: int | None
     done_at: dt.datetime | None
     can_record: bool
     role: str
+    open_until: dt.datetime | None = None
 
     @property
     def done(self) -> bool:
@@ -87,20 +90,32 @@ def slot_state(client: Client, job_key: str, slot: str | None, every: int | None
         {"job_key": job_key, "slot": slot, "every": every, "schema": client.schema},
         doing=f"checking the schedule slot of {job_key!r}",
     )
-    name, token, completed_at, can_record, role = rows[0]
-    return SlotState(name, token, completed_at, bool(can_record), role)
+    name, token, completed_at, open_until, can_record, role = rows[0]
+    return SlotState(name, token, completed_at, bool(can_record), role, open_until)
 
 
 def record_slot(
-    client: Client, lease: Lease, slot: str, extra: dict[str, Any] | None = None
+    client: Client,
+    lease: Lease,
+    slot: str,
+    extra: dict[str, Any] | None = None,
+    *,
+    open_until: dt.datetime | None = None,
 ) -> None:
-    """Mark ``slot`` done, in a transaction fenced by ``lease``'s token.
+    """Mark ``slot`` done, in a transaction fenced by ``lease``'s token. ``open_until``: the
+    end of the slot's window (:class:`SlotState`), None for a slot named by the caller (kept
+    for good: it may be asked for again at any time).
 
     Raises :class:`~tenure.StaleTokenError` when the lease was taken over meanwhile (the slot
     may then run again), or another :class:`~tenure.TenureError` when the database fails.
     """
     doing = f"recording slot {slot!r} of {lease.job_key!r} as done"
-    params: dict[str, Any] = {"job_key": lease.job_key, "slot": slot, "token": lease.token}
+    params: dict[str, Any] = {
+        "job_key": lease.job_key,
+        "slot": slot,
+        "token": lease.token,
+        "open_until": open_until,
+    }
     with mapped(doing, wrote=True), client._pool.connection() as conn, conn.transaction():
         fence(conn, lease.job_key, lease.token, schema=client.schema)
         conn.execute(query(client.schema, "exec_slot_done"), params)

@@ -65,6 +65,13 @@ import psycopg
 from psycopg import AsyncConnection, sql
 
 from .. import metrics
+from ..db.retention import (
+    DEFAULT_INBOX_RETENTION,
+    DEFAULT_RETENTION,
+    RELAY_TABLES,
+    Retention,
+    prune_forever,
+)
 from ..db.timeouts import CONNECTION_KWARGS
 from ..errors import ConfigurationError, DatabaseError, InvalidArgument, SchemaNotReady
 from ..leases._async.client import AsyncClient, connect_async
@@ -150,6 +157,10 @@ class Relay:
     * ``topics``: claim only these topics, each of which needs a handler (default: every
       topic in ``handlers``). Messages of other topics are left for the relays that handle
       them.
+    * ``retention`` / ``inbox_retention``: while it runs, the relay prunes delivered messages
+      older than ``retention`` and inbox claims older than ``inbox_retention`` (at least
+      1d) every few minutes, in short batches (see docs/retention.md); ``None``: it does
+      not prune.
 
     Handlers with an ``aclose()`` coroutine (the :class:`~tenure.outbox.webhook.Webhook`,
     whose HTTP client keeps connections open) are closed when :meth:`run` returns; after
@@ -169,6 +180,8 @@ class Relay:
         backoff_max: Duration = 300.0,
         poll: Duration = 5.0,
         topics: Iterable[str] | None = None,
+        retention: Duration | None = DEFAULT_RETENTION,
+        inbox_retention: Duration = DEFAULT_INBOX_RETENTION,
     ) -> None:
         self._client = client
         self._handlers: dict[str, Handler] = {}
@@ -198,6 +211,7 @@ class Relay:
         self.backoff = _positive(backoff, "backoff")
         self.backoff_max = max(self.backoff, _positive(backoff_max, "backoff_max"))
         self.poll = _positive(poll, "poll")
+        self.retention = None if retention is None else Retention.of(retention, inbox_retention)
         if topics is None:
             self.topics = sorted(self._handlers)
         else:
@@ -245,10 +259,18 @@ class Relay:
             self._listen(listening), name=f"tenure-relay-listen-{self.id}"
         )
         beater: asyncio.Task[None] | None = None
+        pruner: asyncio.Task[None] | None = None
         try:
             await self._next_due()  # fails now, not after "ready", if the schema is missing
             await self._beat()
             beater = asyncio.create_task(self._beat_loop(), name=f"tenure-relay-beat-{self.id}")
+            if self.retention is not None:
+                pruner = asyncio.create_task(
+                    prune_forever(
+                        self._client, self.retention, tables=RELAY_TABLES, who=f"relay {self.id}"
+                    ),
+                    name=f"tenure-relay-prune-{self.id}",
+                )
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(10):
                     await listening.wait()
@@ -270,9 +292,11 @@ class Relay:
                 task.cancel()
             if self._inflight:
                 await asyncio.gather(*self._inflight, return_exceptions=True)
-            listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await listener
+            for background in (listener, pruner):
+                if background is not None:
+                    background.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await background
             if beater is not None:
                 beater.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -41,6 +41,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, TypeVar
 
+from ..db.retention import DEFAULT_INBOX_RETENTION, DEFAULT_RETENTION, Retention
 from ..errors import InvalidArgument
 from ..validation import (
     MAX_CONCURRENCY,
@@ -64,7 +65,6 @@ F = TypeVar("F", bound=JobFunction)
 DEFAULT_TTL = "30s"
 DEFAULT_CONCURRENCY = 8
 DEFAULT_SHUTDOWN_GRACE = "30s"
-DEFAULT_RETENTION = "7d"
 #: Where a job body runs: in the worker ("none") or in a child process ("process").
 ISOLATIONS = ("none", "process")
 
@@ -75,7 +75,10 @@ class Scheduler:
     ``dsn``/``schema``: as in :func:`tenure.connect` (the ``tenure worker`` command's
     ``--dsn``/``--schema`` override them). ``concurrency``: most runs in flight per worker.
     ``shutdown_grace``: how long a stopping worker lets running jobs finish.
-    ``history_retention``: run history older than this is pruned by the workers.
+    ``history_retention``: history older than this is pruned by the workers: run histories
+    (the scheduler's and ``tenure exec``'s), completed slots no run can name again and
+    delivered outbox messages of the schema. ``inbox_retention``: the inbox's claims older
+    than this (at least 1d) are pruned too (docs/retention.md says why both are safe).
     ``migrate``: apply pending migrations when a worker starts.
     ``name``: the app its job definitions belong to (default: ``MODULE:ATTR`` as given to
     ``tenure worker``, else the module and variable this Scheduler is bound to). A worker of
@@ -91,6 +94,7 @@ class Scheduler:
         concurrency: int = DEFAULT_CONCURRENCY,
         shutdown_grace: Duration = DEFAULT_SHUTDOWN_GRACE,
         history_retention: Duration = DEFAULT_RETENTION,
+        inbox_retention: Duration = DEFAULT_INBOX_RETENTION,
         pool_size: int = 4,
         migrate: bool = False,
     ) -> None:
@@ -98,9 +102,8 @@ class Scheduler:
         self.schema = check_schema(schema)
         self.concurrency = _check_concurrency(concurrency)
         self.shutdown_grace = _check_grace(shutdown_grace)
-        self.history_retention = parse_duration(history_retention, what="history_retention")
-        if self.history_retention <= 0:
-            raise InvalidArgument(f"history_retention must be positive, got {history_retention!r}")
+        self.retention = Retention.of(history_retention, inbox_retention, what="history_retention")
+        self.history_retention = self.retention.history
         self.pool_size = check_int(pool_size, what="pool_size", minimum=2, maximum=1000)
         self.migrate = migrate
         self._name = None if name is None else _check_name(name)

@@ -6,26 +6,24 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-import random
 from typing import TYPE_CHECKING
 
 import psycopg
 from psycopg import sql
 
 from ..db.dsn import resolve
+from ..db.retention import BATCH, PAUSE, WORKER_TABLES, Retention, prune_async, prune_forever
 from ..db.timeouts import CONNECTION_KWARGS
-from ..errors import TenureError
 
 if TYPE_CHECKING:
     from ..leases._async.client import AsyncClient
 
 log = logging.getLogger("tenure.scheduler")
 
-#: How often each worker prunes run history (jittered), how many rows one statement deletes,
-#: and the pause between two batches of one pass (claims and finishes run in between).
-PRUNE_EVERY = 600.0
-PRUNE_BATCH = 5000
-PRUNE_PAUSE = 0.05
+#: How many rows one statement deletes, and the pause between two batches of one pass
+#: (claims and finishes run in between); how often a worker prunes is db.retention.EVERY.
+PRUNE_BATCH = BATCH
+PRUNE_PAUSE = PAUSE
 
 
 async def listen(
@@ -66,18 +64,12 @@ async def listen(
             delay = min(delay * 2, safety_net)
 
 
-async def prune(client: AsyncClient, retention: dt.timedelta) -> None:
-    """Every :data:`PRUNE_EVERY` seconds (the first time at a random moment, so workers
-    started together do not prune together), :func:`prune_once`."""
-    await asyncio.sleep(random.uniform(1.0, 30.0))
-    while True:
-        try:
-            deleted = await prune_once(client, retention)
-            if deleted:
-                log.info("pruned %d run history rows older than %s", deleted, retention)
-        except TenureError as exc:
-            log.warning("pruning run history failed: %s", exc)
-        await asyncio.sleep(PRUNE_EVERY * random.uniform(0.9, 1.1))
+async def prune(client: AsyncClient, retention: Retention) -> None:
+    """Every few minutes (the first time at a random moment, so workers started together do
+    not prune together), a retention pass over every table of the schema: the run
+    histories, completed slots, delivered outbox messages and the inbox (see
+    :mod:`tenure.db.retention`)."""
+    await prune_forever(client, retention, tables=WORKER_TABLES, who="worker")
 
 
 async def prune_once(
@@ -87,16 +79,7 @@ async def prune_once(
     comes back short, so a pass keeps up however fast history grows, while each statement
     stays short (its rows locked briefly, skipped by a concurrent pruner). Returns how many
     rows were deleted."""
-    total = 0
-    while True:
-        rows = await client._fetch(
-            "sched_prune",
-            {"retention": retention, "batch": batch},
-            doing="pruning run history",
-            wrote=True,
-        )
-        deleted = int(rows[0][0]) if rows else 0
-        total += deleted
-        if deleted < batch:
-            return total
-        await asyncio.sleep(PRUNE_PAUSE)
+    counts = await prune_async(
+        client, Retention.of(retention), tables=("job_runs",), batch=batch, pause=PRUNE_PAUSE
+    )
+    return counts["job_runs"]

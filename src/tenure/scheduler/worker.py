@@ -176,7 +176,7 @@ class Worker:
                 application_name=self.application_name,
                 safety_net=MAX_IDLE,
             )
-            pruner = prune(self.client, dt.timedelta(seconds=self.app.history_retention))
+            pruner = prune(self.client, self.app.retention)
             tasks.append(asyncio.create_task(listener, name="tenure-listen"))
             tasks.append(asyncio.create_task(pruner, name="tenure-prune"))
             log.info(

@@ -9,16 +9,21 @@
 -- way. With %(slot)s too, the slot is "VALUE@TIMESTAMP"; with %(slot)s only, it is VALUE.
 -- Run again after the lease is taken (a new statement, so a new snapshot): a predecessor's
 -- completion that committed while our takeover waited for its fence row is then visible.
-WITH s AS (
+-- open_until: the end of the slot's window (its time plus half the period), after which no
+-- run can name it again; NULL for a slot named by the caller. Stored with the completed slot
+-- (exec_slot_done) so that retention knows when the row can go.
+WITH t AS (
+    SELECT to_timestamp(round(extract(epoch FROM clock_timestamp()) / %(every)s::numeric)
+                        * %(every)s::numeric) AS at
+), s AS (
     SELECT concat_ws('@', %(slot)s::text,
-                     to_char(to_timestamp(round(extract(epoch FROM clock_timestamp())
-                                                / %(every)s::numeric) * %(every)s::numeric)
-                             AT TIME ZONE 'UTC',
-                             'YYYY-MM-DD"T"HH24:MI:SS"Z"')) AS slot
+                     to_char(t.at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')) AS slot,
+           t.at + make_interval(secs => %(every)s::numeric / 2) AS open_until
+    FROM t
 )
 -- can_record: whether this role may mark the slot done. Without it the slot could never be
 -- recorded and would run again on every host, so exec refuses to run it (same round trip).
-SELECT s.slot, d.token, d.completed_at,
+SELECT s.slot, d.token, d.completed_at, s.open_until,
        has_table_privilege(quote_ident(%(schema)s::text) || '.exec_slots', 'INSERT')
            AS can_record,
        current_user AS role
@@ -29,8 +34,9 @@ LEFT JOIN {schema}.exec_slots AS d ON d.job_key = %(job_key)s AND d.slot = s.slo
 -- Mark a slot completed. Runs in a transaction that first called fence() with the run's
 -- token: it commits only while that token is the newest takeover and its lease is unexpired,
 -- and a successor's takeover waits for it (then sees the row in its post-acquire check).
-INSERT INTO {schema}.exec_slots (job_key, slot, token, completed_at)
-VALUES (%(job_key)s, %(slot)s, %(token)s, clock_timestamp())
+-- open_until: see exec_slot_check (NULL: a caller-named slot, never pruned by age).
+INSERT INTO {schema}.exec_slots (job_key, slot, token, completed_at, open_until)
+VALUES (%(job_key)s, %(slot)s, %(token)s, clock_timestamp(), %(open_until)s)
 ON CONFLICT (job_key, slot) DO NOTHING
 RETURNING token;
 

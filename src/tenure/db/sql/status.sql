@@ -71,13 +71,17 @@ LEFT JOIN {schema}.report_results AS res ON res.job_key = k.job_key
 LEFT JOIN recent AS w ON w.job_key = k.job_key
 -- The newest run: the scheduler's newest or exec's newest, whichever started last. An exec
 -- run still 'running' whose lease expired or moved on lost its tenure exec: abandoned.
+-- Newest = highest token (each run is one takeover, and tokens only go up), read through
+-- the (job_key, token) unique indexes: ordered by run_id, the planner walked the primary
+-- key backwards filtering on the key, the whole table for every job without such runs
+-- (seconds once the history is at its retention size).
 LEFT JOIN LATERAL (
     SELECT * FROM (
         (SELECT r.slot, NULL::text AS exec_slot, r.kind, r.token, r.outcome, r.started_at,
                 r.finished_at, r.error, NULL::integer AS exit_code
          FROM {schema}.job_runs AS r
          WHERE r.job_key = k.job_key AND r.started_at IS NOT NULL
-         ORDER BY r.run_id DESC
+         ORDER BY r.token DESC
          LIMIT 1)
         UNION ALL
         (SELECT NULL::timestamptz, e.slot, 'exec', e.token,
@@ -87,7 +91,7 @@ LEFT JOIN LATERAL (
                 e.started_at, e.finished_at, e.error, e.exit_code
          FROM {schema}.exec_runs AS e
          WHERE e.job_key = k.job_key
-         ORDER BY e.run_id DESC
+         ORDER BY e.token DESC
          LIMIT 1)
     ) AS newest
     ORDER BY newest.started_at DESC
