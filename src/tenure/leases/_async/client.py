@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import select
 import uuid
 from types import TracebackType
 from typing import Any
 
 import psycopg
-from psycopg import AsyncConnection, AsyncCursor
+from psycopg import AsyncConnection, AsyncCursor, pq
 from psycopg_pool import AsyncConnectionPool
 
 from ... import metrics
@@ -426,6 +427,35 @@ async def _configure(conn: AsyncConnection[Any]) -> None:
         await conn.execute(b"SELECT set_config(%s, %s, false)", (name, value))
 
 
+#: What tenure.db.idle looks for on an idle socket.
+_POLL_EVENTS = select.POLLIN | select.POLLERR | select.POLLHUP if hasattr(select, "poll") else 0
+_POLLER_ATTR = "_tenure_poller"
+
+
+def _went_away(conn: AsyncConnection[Any]) -> bool:
+    """:func:`~tenure.db.idle.closed_while_idle`, the same look at the socket, through a
+    poll object made once per connection: making and registering one on every checkout was
+    most of the look's cost. Anything but a healthy idle connection gets the full check."""
+    pgconn = conn.pgconn
+    if (
+        not _POLL_EVENTS
+        or pgconn.status != pq.ConnStatus.OK
+        or pgconn.transaction_status != pq.TransactionStatus.IDLE
+    ):
+        return closed_while_idle(conn)
+    try:
+        fd = pgconn.socket
+    except psycopg.Error:  # no socket: the full check says it is gone
+        return closed_while_idle(conn)
+    kept: tuple[int, Any] | None = getattr(conn, _POLLER_ATTR, None)
+    if kept is None or kept[0] != fd:
+        poller = select.poll()
+        poller.register(fd, _POLL_EVENTS)
+        kept = (fd, poller)
+        setattr(conn, _POLLER_ATTR, kept)
+    return bool(kept[1].poll(0))
+
+
 class _IdleCheck:
     """The pool's ``check``: before a connection is handed out, discard it if the server
     closed it while it sat idle (see :mod:`tenure.db.idle`), so a statement is never sent
@@ -436,7 +466,7 @@ class _IdleCheck:
         self.pool: AsyncConnectionPool[AsyncConnection[Any]] | None = None
 
     async def __call__(self, conn: AsyncConnection[Any]) -> None:
-        if not closed_while_idle(conn):
+        if not _went_away(conn):
             return
         log.info("a pooled connection was closed by the server while idle; using a fresh one")
         await conn.close()
