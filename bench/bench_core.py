@@ -423,23 +423,25 @@ CASES = (
 
 @contextmanager
 def recording() -> Iterator[list[tuple[Any, Params]]]:
-    """Record the (query, parameters) of every ``psycopg.Connection.execute`` meanwhile.
+    """Record the (query, parameters) of every ``psycopg.Cursor.execute`` meanwhile (what
+    ``Connection.execute`` calls too; the client runs its statements on a cursor it keeps
+    per pooled connection).
 
     Used only during setup, with no other thread running queries.
     """
     seen: list[tuple[Any, Params]] = []
-    original = psycopg.Connection.execute
+    original = psycopg.Cursor.execute
 
-    def spy(self: psycopg.Connection[Any], query: Any, params: Any = None, **kw: Any) -> Any:
+    def spy(self: psycopg.Cursor[Any], query: Any, params: Any = None, **kw: Any) -> Any:
         if isinstance(params, dict):
             seen.append((query, dict(params)))
         return original(self, query, params, **kw)
 
-    psycopg.Connection.execute = spy  # type: ignore[method-assign]
+    psycopg.Cursor.execute = spy  # type: ignore[method-assign]
     try:
         yield seen
     finally:
-        psycopg.Connection.execute = original  # type: ignore[method-assign]
+        psycopg.Cursor.execute = original  # type: ignore[method-assign]
 
 
 def sent_with(env: Env, name: str, call: Callable[[], object]) -> Params:

@@ -23,6 +23,18 @@ def test_acquire_gives_token_one_then_busy(client: tenure.Client) -> None:
     assert info is not None and info.held and info.token == 1 and info.owner == lease.owner
 
 
+def test_a_ttl_validated_before_lets_no_equal_invalid_one_through(client: tenure.Client) -> None:
+    """The client keeps the TTLs it has validated. True == 1 (and hashes alike), yet ttl=True
+    is still refused after ttl=1 was accepted; a refused margin stays refused."""
+    assert client.acquire("job", ttl=1) is not None
+    with pytest.raises(tenure.InvalidArgumentType):
+        client.acquire("other", ttl=True)
+    for _ in range(2):
+        with pytest.raises(tenure.InvalidArgument, match="safety_margin"):
+            client.acquire("other", ttl=1, safety_margin=1)
+    assert client.inspect("other") is None
+
+
 def test_each_execution_gets_a_fresh_owner(client: tenure.Client) -> None:
     owners = set()
     for _ in range(3):

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import select
 import uuid
 from types import TracebackType
 from typing import Any
 
 import psycopg
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, AsyncCursor, pq
 from psycopg_pool import AsyncConnectionPool
 
 from ... import metrics
@@ -76,6 +77,7 @@ class AsyncClient:
         self.where = where
         self._queries = queries(schema)
         self.results = AsyncResults(self)
+        self._timings: dict[tuple[type, Any, type, Any], _Timing] = {}
         #: Where releases are announced, for waiters (see :class:`AsyncReleaseWaiter`).
         self.lease_channel = lease_channel(schema)
 
@@ -101,16 +103,18 @@ class AsyncClient:
     ) -> list[tuple[Any, ...]]:
         # getconn/putconn rather than `pool.connection()`: the latter wraps the connection in
         # `with conn:`, which sends a needless COMMIT-check on every call of this hot path.
+        pool = self._pool
         try:
-            conn = await self._pool.getconn()
+            conn = await pool.getconn()
         except psycopg.Error as exc:  # no connection: nothing was sent
             raise translate(exc, doing) from exc
         try:
             try:
-                cur = await conn.execute(self._queries[name], params)
+                cur = _cursor(conn)
+                await cur.execute(self._queries[name], params)
                 return await cur.fetchall()
             finally:
-                await self._pool.putconn(conn)
+                await pool.putconn(conn)
         except psycopg.Error as exc:
             if isinstance(exc, psycopg.OperationalError):
                 await self._drop_dead_connections()
@@ -201,10 +205,18 @@ class AsyncClient:
 
     # -- leases -----------------------------------------------------------------------------
 
-    async def _attempt(
-        self, job_key: str, ttl: Duration, safety_margin: Duration | None
-    ) -> AsyncLease | LeaseBusy:
-        check_job_key(job_key)
+    def _timing(self, ttl: Duration, safety_margin: Duration | None) -> _Timing:
+        """The validated TTL and margin, and the statement parameters they give.
+
+        Callers pass the same few TTLs over and over: the result of a successful validation
+        is kept per (type, value), so the hot path skips parsing; anything else, including
+        every value that fails, goes through the full checks."""
+        key = None
+        if type(ttl) in _PLAIN and type(safety_margin) in _PLAIN_OR_NONE:
+            key = (type(ttl), ttl, type(safety_margin), safety_margin)
+            timing = self._timings.get(key)
+            if timing is not None:
+                return timing
         ttl_s = check_ttl(ttl)
         margin = (
             default_margin(ttl_s)
@@ -215,6 +227,20 @@ class AsyncClient:
             raise InvalidArgument(
                 f"safety_margin {safety_margin!r} must be at least 0 and less than the ttl"
             )
+        timing = (ttl_s, margin, dt.timedelta(seconds=ttl_s), lock_timeout_ms(ttl_s))
+        if key is not None:
+            if len(self._timings) >= _TIMINGS_KEPT:
+                self._timings.clear()
+            self._timings[key] = timing
+        return timing
+
+    async def _take(
+        self, job_key: str, ttl: Duration, safety_margin: Duration | None
+    ) -> AsyncLease | _Busy | None:
+        """One acquire statement: the lease, or who holds it (None: a concurrent first
+        acquire of the key won, and this statement could not see its row)."""
+        check_job_key(job_key)
+        ttl_s, margin, ttl_param, lock_timeout = self._timing(ttl, safety_margin)
         owner = uuid.uuid4()
         sent = monotonic()
         try:
@@ -223,8 +249,8 @@ class AsyncClient:
                 {
                     "job_key": job_key,
                     "owner": owner,
-                    "ttl": dt.timedelta(seconds=ttl_s),
-                    "lock_timeout": lock_timeout_ms(ttl_s),
+                    "ttl": ttl_param,
+                    "lock_timeout": lock_timeout,
                 },
                 doing=f"acquiring lease {job_key!r}",
                 wrote=True,
@@ -232,36 +258,46 @@ class AsyncClient:
         except Timeout:
             # The previous holder's fenced transaction still holds the job-state row.
             metrics.emit(metrics.ACQUIRE, job_key, "busy")
-            return LeaseBusy(job_key, None, None, detail=": its fenced transaction is still open")
+            return (None, None, None, ": its fenced transaction is still open")
         except TenureError:
             metrics.emit(metrics.ACQUIRE, job_key, "error")
             raise
-        if rows and rows[0][0]:
-            _, token, expires_at, acquired_at, _ = rows[0]
-            metrics.emit(metrics.ACQUIRE, job_key, "acquired")
-            if log.isEnabledFor(logging.INFO):
-                log.info(
-                    "lease %r acquired with token %s until %s",
-                    job_key,
-                    token,
-                    expires_at.isoformat(),
-                    extra={"job": job_key, "token": token, "owner": str(owner)},
-                )
-            return AsyncLease(
-                self,
-                job_key,
-                owner,
-                Grant(token, expires_at, acquired_at),
-                ttl=ttl_s,
-                safety_margin=margin,
-                sent_at=sent,
-            )
-        metrics.emit(metrics.ACQUIRE, job_key, "busy")
         if rows:
-            _, token, expires_at, _, now = rows[0]
-            return LeaseBusy(
-                job_key, token, expires_at, retry_after=(expires_at - now).total_seconds()
-            )
+            acquired, token, expires_at, acquired_at, now = rows[0]
+            if acquired:
+                metrics.emit(metrics.ACQUIRE, job_key, "acquired")
+                if log.isEnabledFor(logging.INFO):
+                    log.info(
+                        "lease %r acquired with token %s until %s",
+                        job_key,
+                        token,
+                        expires_at.isoformat(),
+                        extra={"job": job_key, "token": token, "owner": str(owner)},
+                    )
+                return AsyncLease(
+                    self,
+                    job_key,
+                    owner,
+                    Grant(token, expires_at, acquired_at),
+                    ttl=ttl_s,
+                    safety_margin=margin,
+                    sent_at=sent,
+                )
+            metrics.emit(metrics.ACQUIRE, job_key, "busy")
+            # The busy answer's fifth column is the database's now, for retry_after.
+            return (token, expires_at, (expires_at - now).total_seconds(), "")
+        metrics.emit(metrics.ACQUIRE, job_key, "busy")
+        return None
+
+    async def _attempt(
+        self, job_key: str, ttl: Duration, safety_margin: Duration | None
+    ) -> AsyncLease | LeaseBusy:
+        outcome = await self._take(job_key, ttl, safety_margin)
+        if isinstance(outcome, AsyncLease):
+            return outcome
+        if outcome is not None:
+            token, expires_at, retry_after, detail = outcome
+            return LeaseBusy(job_key, token, expires_at, detail, retry_after=retry_after)
         # A concurrent first acquire of this key won the race: our statement's snapshot
         # predates its row. One more (rare) statement names the winner.
         info = await self.inspect(job_key)
@@ -277,7 +313,9 @@ class AsyncClient:
         The returned lease is not renewed automatically: call ``renew()`` within its TTL,
         or use :meth:`lease`, which renews in the background.
         """
-        outcome = await self._attempt(job_key, ttl, safety_margin)
+        # No LeaseBusy here: nobody would see its message, and building it is a fair share
+        # of a busy answer's client-side cost.
+        outcome = await self._take(job_key, ttl, safety_margin)
         return outcome if isinstance(outcome, AsyncLease) else None
 
     def lease(
@@ -348,6 +386,32 @@ class AsyncClient:
         return value
 
 
+#: Validated (ttl, safety_margin) pairs kept per client: a few in practice; the cache is
+#: emptied when a caller cycles through more than this.
+_TIMINGS_KEPT = 64
+#: Hashable argument types whose validation result depends on the value alone.
+_PLAIN: tuple[type, ...] = (int, float, str, dt.timedelta)
+_PLAIN_OR_NONE: tuple[type, ...] = (*_PLAIN, type(None))
+#: (ttl seconds, safety margin seconds, ttl parameter, lock_timeout parameter)
+_Timing = tuple[float, float, dt.timedelta, str]
+#: A busy answer: (holder's token, its expiry, seconds until then, detail); None when unknown.
+_Busy = tuple[int | None, dt.datetime | None, float | None, str]
+
+
+_CURSOR_ATTR = "_tenure_cursor"
+
+
+def _cursor(conn: AsyncConnection[Any]) -> AsyncCursor[Any]:
+    """The connection's own cursor, made once: a pooled connection serves one caller at a
+    time, and a new cursor per statement is a measurable part of a short statement's cost.
+    It lives as long as the connection (a reference cycle the collector frees)."""
+    cur: AsyncCursor[Any] | None = getattr(conn, _CURSOR_ATTR, None)
+    if cur is None:
+        cur = conn.cursor()
+        setattr(conn, _CURSOR_ATTR, cur)
+    return cur
+
+
 def default_margin(ttl: float) -> float:
     """A tenth of the TTL: covers clock-rate drift and the time to stop work."""
     return ttl / 10
@@ -363,6 +427,35 @@ async def _configure(conn: AsyncConnection[Any]) -> None:
         await conn.execute(b"SELECT set_config(%s, %s, false)", (name, value))
 
 
+#: What tenure.db.idle looks for on an idle socket.
+_POLL_EVENTS = select.POLLIN | select.POLLERR | select.POLLHUP if hasattr(select, "poll") else 0
+_POLLER_ATTR = "_tenure_poller"
+
+
+def _went_away(conn: AsyncConnection[Any]) -> bool:
+    """:func:`~tenure.db.idle.closed_while_idle`, the same look at the socket, through a
+    poll object made once per connection: making and registering one on every checkout was
+    most of the look's cost. Anything but a healthy idle connection gets the full check."""
+    pgconn = conn.pgconn
+    if (
+        not _POLL_EVENTS
+        or pgconn.status != pq.ConnStatus.OK
+        or pgconn.transaction_status != pq.TransactionStatus.IDLE
+    ):
+        return closed_while_idle(conn)
+    try:
+        fd = pgconn.socket
+    except psycopg.Error:  # no socket: the full check says it is gone
+        return closed_while_idle(conn)
+    kept: tuple[int, Any] | None = getattr(conn, _POLLER_ATTR, None)
+    if kept is None or kept[0] != fd:
+        poller = select.poll()
+        poller.register(fd, _POLL_EVENTS)
+        kept = (fd, poller)
+        setattr(conn, _POLLER_ATTR, kept)
+    return bool(kept[1].poll(0))
+
+
 class _IdleCheck:
     """The pool's ``check``: before a connection is handed out, discard it if the server
     closed it while it sat idle (see :mod:`tenure.db.idle`), so a statement is never sent
@@ -373,7 +466,7 @@ class _IdleCheck:
         self.pool: AsyncConnectionPool[AsyncConnection[Any]] | None = None
 
     async def __call__(self, conn: AsyncConnection[Any]) -> None:
-        if not closed_while_idle(conn):
+        if not _went_away(conn):
             return
         log.info("a pooled connection was closed by the server while idle; using a fresh one")
         await conn.close()

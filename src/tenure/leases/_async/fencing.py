@@ -28,12 +28,13 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+import psycopg
 from psycopg import AsyncConnection
 from psycopg.pq import TransactionStatus
 
 from ... import metrics
 from ...db.queries import query
-from ...errors import InvalidArgument, InvalidArgumentType, StaleTokenError, mapped
+from ...errors import InvalidArgument, InvalidArgumentType, StaleTokenError, translate
 from ...validation import (
     Duration,
     check_connection,
@@ -68,7 +69,7 @@ async def fence_async(
     check_job_key(job_key)
     check_token(token)
     check_schema(schema)
-    if conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
+    if conn.autocommit and conn.pgconn.transaction_status == TransactionStatus.IDLE:
         raise InvalidArgument(
             "fence() must run inside your transaction, but the connection is in autocommit "
             "mode outside a transaction block: wrap it in `with conn.transaction():`"
@@ -96,9 +97,11 @@ async def fence_async(
         "idle": None if idle is None else dt.timedelta(seconds=idle),
     }
     name = "fence" if strict else "fence_relaxed"
-    with mapped(f"fencing {job_key!r} with token {token}"):
+    try:
         cur = await conn.execute(query(schema, name), params)
         row = await cur.fetchone()
+    except psycopg.Error as exc:
+        raise translate(exc, f"fencing {job_key!r} with token {token}") from exc
     assert row is not None  # the statement always returns one row
     if row[0] is None:
         metrics.emit(metrics.STALE, job_key, "fence")

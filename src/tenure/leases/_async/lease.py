@@ -41,6 +41,8 @@ log = logging.getLogger("tenure.lease")
 
 OnLost = Callable[["AsyncLease"], Any]
 
+_UNSET_RENEW_PARAMS = (dt.timedelta(0), "")
+
 
 class AsyncLease:
     """One execution's hold on a job. ``owner`` is a fresh UUID for this execution only."""
@@ -75,6 +77,9 @@ class AsyncLease:
         self._workers: list[Worker] = []
         self._body_task: Any = None
         self._cancelled_body = False
+        # The renewal's parameters, made at the first renewal (a short run never renews).
+        self._renew_for = -1.0
+        self._renew_params = _UNSET_RENEW_PARAMS
 
     def __repr__(self) -> str:
         state = "lost" if self._lost_reason else "released" if self._released else "held"
@@ -160,6 +165,11 @@ class AsyncLease:
         extended the lease, but the local deadline stays where the last known renewal put it.
         """
         self.check()
+        ttl = self.ttl
+        if ttl != self._renew_for:  # made once per TTL, not per renewal
+            self._renew_for = ttl
+            self._renew_params = (dt.timedelta(seconds=ttl), lock_timeout_ms(ttl / 3))
+        ttl_param, lock_timeout = self._renew_params
         sent = monotonic()
         try:
             rows = await self._client._fetch(
@@ -168,8 +178,8 @@ class AsyncLease:
                     "job_key": self.job_key,
                     "owner": self.owner,
                     "token": self.token,
-                    "ttl": dt.timedelta(seconds=self.ttl),
-                    "lock_timeout": lock_timeout_ms(self.ttl / 3),
+                    "ttl": ttl_param,
+                    "lock_timeout": lock_timeout,
                 },
                 doing=f"renewing lease {self.job_key!r}",
                 wrote=True,

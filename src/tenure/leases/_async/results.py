@@ -5,13 +5,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+import psycopg
 from psycopg import AsyncConnection
 from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
 from ... import metrics
-from ...db.queries import query
-from ...errors import StaleTokenError, TokenNotIssued, mapped
+from ...errors import StaleTokenError, TokenNotIssued, translate
 from ...validation import check_connection, check_job_key, check_token, to_json
 from ..models import Result
 
@@ -68,10 +68,12 @@ class AsyncResults:
             row = rows[0]
         else:
             # In the caller's transaction nothing commits here; in autocommit it does.
-            idle = conn.info.transaction_status == TransactionStatus.IDLE
-            with mapped(doing, wrote=idle):
-                cur = await conn.execute(query(self._client.schema, name), params)
+            idle = conn.pgconn.transaction_status == TransactionStatus.IDLE
+            try:
+                cur = await conn.execute(self._client._queries[name], params)
                 fetched = await cur.fetchone()
+            except psycopg.Error as exc:
+                raise translate(exc, doing, wrote=idle) from exc
             assert fetched is not None
             row = fetched
         applied, written_at, current, issued = row

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import select
 import uuid
 from types import TracebackType
 from typing import Any
 
 import psycopg
-from psycopg import Connection
+from psycopg import Connection, Cursor, pq
 from psycopg_pool import ConnectionPool
 
 from ... import metrics
@@ -74,6 +75,7 @@ class Client:
         self.where = where
         self._queries = queries(schema)
         self.results = Results(self)
+        self._timings: dict[tuple[type, Any, type, Any], _Timing] = {}
         self.lease_channel = lease_channel(schema)
 
     def __repr__(self) -> str:
@@ -96,16 +98,18 @@ class Client:
     def _fetch(
         self, name: str, params: dict[str, Any], *, doing: str, wrote: bool = False
     ) -> list[tuple[Any, ...]]:
+        pool = self._pool
         try:
-            conn = self._pool.getconn()
+            conn = pool.getconn()
         except psycopg.Error as exc:
             raise translate(exc, doing) from exc
         try:
             try:
-                cur = conn.execute(self._queries[name], params)
+                cur = _cursor(conn)
+                cur.execute(self._queries[name], params)
                 return cur.fetchall()
             finally:
-                self._pool.putconn(conn)
+                pool.putconn(conn)
         except psycopg.Error as exc:
             if isinstance(exc, psycopg.OperationalError):
                 self._drop_dead_connections()
@@ -190,10 +194,18 @@ class Client:
             row = cur.fetchone()
             return row[0] if row else None
 
-    def _attempt(
-        self, job_key: str, ttl: Duration, safety_margin: Duration | None
-    ) -> Lease | LeaseBusy:
-        check_job_key(job_key)
+    def _timing(self, ttl: Duration, safety_margin: Duration | None) -> _Timing:
+        """The validated TTL and margin, and the statement parameters they give.
+
+        Callers pass the same few TTLs over and over: the result of a successful validation
+        is kept per (type, value), so the hot path skips parsing; anything else, including
+        every value that fails, goes through the full checks."""
+        key = None
+        if type(ttl) in _PLAIN and type(safety_margin) in _PLAIN_OR_NONE:
+            key = (type(ttl), ttl, type(safety_margin), safety_margin)
+            timing = self._timings.get(key)
+            if timing is not None:
+                return timing
         ttl_s = check_ttl(ttl)
         margin = (
             default_margin(ttl_s)
@@ -204,6 +216,20 @@ class Client:
             raise InvalidArgument(
                 f"safety_margin {safety_margin!r} must be at least 0 and less than the ttl"
             )
+        timing = (ttl_s, margin, dt.timedelta(seconds=ttl_s), lock_timeout_ms(ttl_s))
+        if key is not None:
+            if len(self._timings) >= _TIMINGS_KEPT:
+                self._timings.clear()
+            self._timings[key] = timing
+        return timing
+
+    def _take(
+        self, job_key: str, ttl: Duration, safety_margin: Duration | None
+    ) -> Lease | _Busy | None:
+        """One acquire statement: the lease, or who holds it (None: a concurrent first
+        acquire of the key won, and this statement could not see its row)."""
+        check_job_key(job_key)
+        ttl_s, margin, ttl_param, lock_timeout = self._timing(ttl, safety_margin)
         owner = uuid.uuid4()
         sent = monotonic()
         try:
@@ -212,44 +238,53 @@ class Client:
                 {
                     "job_key": job_key,
                     "owner": owner,
-                    "ttl": dt.timedelta(seconds=ttl_s),
-                    "lock_timeout": lock_timeout_ms(ttl_s),
+                    "ttl": ttl_param,
+                    "lock_timeout": lock_timeout,
                 },
                 doing=f"acquiring lease {job_key!r}",
                 wrote=True,
             )
         except Timeout:
             metrics.emit(metrics.ACQUIRE, job_key, "busy")
-            return LeaseBusy(job_key, None, None, detail=": its fenced transaction is still open")
+            return (None, None, None, ": its fenced transaction is still open")
         except TenureError:
             metrics.emit(metrics.ACQUIRE, job_key, "error")
             raise
-        if rows and rows[0][0]:
-            _, token, expires_at, acquired_at, _ = rows[0]
-            metrics.emit(metrics.ACQUIRE, job_key, "acquired")
-            if log.isEnabledFor(logging.INFO):
-                log.info(
-                    "lease %r acquired with token %s until %s",
-                    job_key,
-                    token,
-                    expires_at.isoformat(),
-                    extra={"job": job_key, "token": token, "owner": str(owner)},
-                )
-            return Lease(
-                self,
-                job_key,
-                owner,
-                Grant(token, expires_at, acquired_at),
-                ttl=ttl_s,
-                safety_margin=margin,
-                sent_at=sent,
-            )
-        metrics.emit(metrics.ACQUIRE, job_key, "busy")
         if rows:
-            _, token, expires_at, _, now = rows[0]
-            return LeaseBusy(
-                job_key, token, expires_at, retry_after=(expires_at - now).total_seconds()
-            )
+            acquired, token, expires_at, acquired_at, now = rows[0]
+            if acquired:
+                metrics.emit(metrics.ACQUIRE, job_key, "acquired")
+                if log.isEnabledFor(logging.INFO):
+                    log.info(
+                        "lease %r acquired with token %s until %s",
+                        job_key,
+                        token,
+                        expires_at.isoformat(),
+                        extra={"job": job_key, "token": token, "owner": str(owner)},
+                    )
+                return Lease(
+                    self,
+                    job_key,
+                    owner,
+                    Grant(token, expires_at, acquired_at),
+                    ttl=ttl_s,
+                    safety_margin=margin,
+                    sent_at=sent,
+                )
+            metrics.emit(metrics.ACQUIRE, job_key, "busy")
+            return (token, expires_at, (expires_at - now).total_seconds(), "")
+        metrics.emit(metrics.ACQUIRE, job_key, "busy")
+        return None
+
+    def _attempt(
+        self, job_key: str, ttl: Duration, safety_margin: Duration | None
+    ) -> Lease | LeaseBusy:
+        outcome = self._take(job_key, ttl, safety_margin)
+        if isinstance(outcome, Lease):
+            return outcome
+        if outcome is not None:
+            token, expires_at, retry_after, detail = outcome
+            return LeaseBusy(job_key, token, expires_at, detail, retry_after=retry_after)
         info = self.inspect(job_key)
         if info is None:
             return LeaseBusy(job_key, None, None)
@@ -263,7 +298,7 @@ class Client:
         The returned lease is not renewed automatically: call ``renew()`` within its TTL,
         or use :meth:`lease`, which renews in the background.
         """
-        outcome = self._attempt(job_key, ttl, safety_margin)
+        outcome = self._take(job_key, ttl, safety_margin)
         return outcome if isinstance(outcome, Lease) else None
 
     def lease(
@@ -332,6 +367,25 @@ class Client:
         return value
 
 
+_TIMINGS_KEPT = 64
+_PLAIN: tuple[type, ...] = (int, float, str, dt.timedelta)
+_PLAIN_OR_NONE: tuple[type, ...] = (*_PLAIN, type(None))
+_Timing = tuple[float, float, dt.timedelta, str]
+_Busy = tuple[int | None, dt.datetime | None, float | None, str]
+_CURSOR_ATTR = "_tenure_cursor"
+
+
+def _cursor(conn: Connection[Any]) -> Cursor[Any]:
+    """The connection's own cursor, made once: a pooled connection serves one caller at a
+    time, and a new cursor per statement is a measurable part of a short statement's cost.
+    It lives as long as the connection (a reference cycle the collector frees)."""
+    cur: Cursor[Any] | None = getattr(conn, _CURSOR_ATTR, None)
+    if cur is None:
+        cur = conn.cursor()
+        setattr(conn, _CURSOR_ATTR, cur)
+    return cur
+
+
 def default_margin(ttl: float) -> float:
     """A tenth of the TTL: covers clock-rate drift and the time to stop work."""
     return ttl / 10
@@ -347,6 +401,34 @@ def _configure(conn: Connection[Any]) -> None:
         conn.execute(b"SELECT set_config(%s, %s, false)", (name, value))
 
 
+_POLL_EVENTS = select.POLLIN | select.POLLERR | select.POLLHUP if hasattr(select, "poll") else 0
+_POLLER_ATTR = "_tenure_poller"
+
+
+def _went_away(conn: Connection[Any]) -> bool:
+    """:func:`~tenure.db.idle.closed_while_idle`, the same look at the socket, through a
+    poll object made once per connection: making and registering one on every checkout was
+    most of the look's cost. Anything but a healthy idle connection gets the full check."""
+    pgconn = conn.pgconn
+    if (
+        not _POLL_EVENTS
+        or pgconn.status != pq.ConnStatus.OK
+        or pgconn.transaction_status != pq.TransactionStatus.IDLE
+    ):
+        return closed_while_idle(conn)
+    try:
+        fd = pgconn.socket
+    except psycopg.Error:
+        return closed_while_idle(conn)
+    kept: tuple[int, Any] | None = getattr(conn, _POLLER_ATTR, None)
+    if kept is None or kept[0] != fd:
+        poller = select.poll()
+        poller.register(fd, _POLL_EVENTS)
+        kept = (fd, poller)
+        setattr(conn, _POLLER_ATTR, kept)
+    return bool(kept[1].poll(0))
+
+
 class _IdleCheck:
     """The pool's ``check``: before a connection is handed out, discard it if the server
     closed it while it sat idle (see :mod:`tenure.db.idle`), so a statement is never sent
@@ -357,7 +439,7 @@ class _IdleCheck:
         self.pool: ConnectionPool[Connection[Any]] | None = None
 
     def __call__(self, conn: Connection[Any]) -> None:
-        if not closed_while_idle(conn):
+        if not _went_away(conn):
             return
         log.info("a pooled connection was closed by the server while idle; using a fresh one")
         conn.close()

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from .client import Client
 log = logging.getLogger("tenure.lease")
 OnLost = Callable[["Lease"], Any]
+_UNSET_RENEW_PARAMS = (dt.timedelta(0), "")
 
 
 class Lease:
@@ -75,6 +76,8 @@ class Lease:
         self._workers: list[Worker] = []
         self._body_task: Any = None
         self._cancelled_body = False
+        self._renew_for = -1.0
+        self._renew_params = _UNSET_RENEW_PARAMS
 
     def __repr__(self) -> str:
         state = "lost" if self._lost_reason else "released" if self._released else "held"
@@ -160,6 +163,11 @@ class Lease:
         extended the lease, but the local deadline stays where the last known renewal put it.
         """
         self.check()
+        ttl = self.ttl
+        if ttl != self._renew_for:
+            self._renew_for = ttl
+            self._renew_params = (dt.timedelta(seconds=ttl), lock_timeout_ms(ttl / 3))
+        ttl_param, lock_timeout = self._renew_params
         sent = monotonic()
         try:
             rows = self._client._fetch(
@@ -168,8 +176,8 @@ class Lease:
                     "job_key": self.job_key,
                     "owner": self.owner,
                     "token": self.token,
-                    "ttl": dt.timedelta(seconds=self.ttl),
-                    "lock_timeout": lock_timeout_ms(self.ttl / 3),
+                    "ttl": ttl_param,
+                    "lock_timeout": lock_timeout,
                 },
                 doing=f"renewing lease {self.job_key!r}",
                 wrote=True,
