@@ -85,6 +85,7 @@ async def execute(run: Run) -> tuple[str, str | None, float]:
     began = loop.time()
     outcome, error = "succeeded", None
     lease, ctx = run.lease, run.ctx
+    keeper: asyncio.TimerHandle | None = None
     log.debug("job %r slot %s starts with token %s", key, run.slot.isoformat(), token, extra=extra)
     try:
         if run.spec.isolation == "process":
@@ -93,15 +94,18 @@ async def execute(run: Run) -> tuple[str, str | None, float]:
             body: asyncio.Future[Any] = asyncio.ensure_future(
                 run_isolated(run.spec, ctx, info if isinstance(info, str) else None)
             )
-            lease.keep(body)
         elif run.spec.is_async:
             body = asyncio.ensure_future(
                 _guarded(run.spec.fn, ctx, lambda: run.shutdown or lease.lost)
             )
-            lease.keep(body)  # renew every ttl/3; cancel the body when the lease is lost
         else:
-            lease.keep()  # renew every ttl/3; mark lost at the local deadline
             body = in_thread(run.spec.fn, ctx, f"tenure-job-{key}")
+        # Renew every ttl/3 and mark the lease lost at its local deadline (cancelling an
+        # async or isolated body then), from ttl/3 on: nothing can be due before, and most
+        # runs end sooner, so they never pay for the keeper's two tasks (bench/README.md).
+        threaded = run.spec.isolation != "process" and not run.spec.is_async
+        due = lease.deadline_in - lease.ttl * 2 / 3 + lease.safety_margin  # acquire + ttl/3
+        keeper = loop.call_later(max(0.0, due), _keep, lease, body, not threaded)
         run.body = body
         await body
         if ctx._stale:
@@ -144,8 +148,15 @@ async def execute(run: Run) -> tuple[str, str | None, float]:
         if outcome == "failed":
             _log_failure(run, error, exc)
     finally:
+        if keeper is not None:
+            keeper.cancel()
         await lease.stop_keeping()
     return outcome, error, loop.time() - began
+
+
+def _keep(lease: AsyncLease, body: asyncio.Future[Any], cancel_body: bool) -> None:
+    if not body.done():
+        lease.keep(body if cancel_body else None)
 
 
 def _log_failure(run: Run, error: str, exc: BaseException) -> None:

@@ -98,6 +98,9 @@ class Worker:
         # Ended runs waiting for the finisher, and the finisher task while it runs.
         self._finishing: list[tuple[Finished, asyncio.Future[str]]] = []
         self._finisher: asyncio.Task[None] | None = None
+        # Claimed batches whose start statement is in flight, and how many claims they hold.
+        self._starts: set[asyncio.Task[None]] = set()
+        self._starting = 0
         #: Set once the worker has registered its jobs and claims (for embedding and tests).
         self.ready = threading.Event()
         self._wake = asyncio.Event()
@@ -232,7 +235,7 @@ class Worker:
         failures = 0
         while not self._stopping:
             self._wake.clear()
-            free = self.concurrency - len(self._running)
+            free = self.concurrency - len(self._running) - self._starting
             delay = MAX_IDLE
             if free > 0:
                 sent = monotonic()  # the lease's local deadline counts from here
@@ -259,7 +262,13 @@ class Worker:
                 now, ready_at = summary[19], summary[20]
                 self.saturation.started(now)
                 if claims:
-                    await self._start(claims, sent)
+                    # Started in the background: the next claim goes out while this batch's
+                    # start statement is in flight (claims never overlap: a claimed job's
+                    # lease is live).
+                    self._starting += len(claims)
+                    task = asyncio.create_task(self._start_claimed(claims, sent))
+                    self._starts.add(task)
+                    task.add_done_callback(self._starts.discard)
                 else:
                     self.saturation.observe(0, [], monotonic())
                 if len(claims) == free:
@@ -293,6 +302,15 @@ class Worker:
             schedule = schedule_from_row(claim.job_key, claim.cron, claim.every, claim.timezone)
             self._schedules[key] = schedule
         return schedule
+
+    async def _start_claimed(self, claims: list[Claim], sent: float) -> None:
+        try:
+            await self._start(claims, sent)
+        finally:
+            launched = sum(1 for c in claims if (c.job_key, c.token) in self._running)
+            self._starting -= len(claims)
+            if launched < len(claims):
+                self._wake.set()  # capacity the claim reserved and no run took
 
     async def _start(self, claims: list[Claim], sent: float) -> None:
         planned: list[tuple[Claim, JobSpec, Schedule, Plan]] = []
@@ -645,6 +663,8 @@ class Worker:
         """Let running jobs finish within the grace, then cancel them and hand them over."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.shutdown_grace
+        if self._starts:  # their runs join the ones below (or their claims are released)
+            await asyncio.wait(set(self._starts), timeout=self.shutdown_grace)
         if self._running and not self._cancel_now:
             log.info(
                 "waiting up to %.1fs for %d running jobs", self.shutdown_grace, len(self._running)
