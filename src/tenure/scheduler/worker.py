@@ -420,7 +420,21 @@ class Worker:
         missed = [s for s in decided.skipped if s.outcome == "misfire_skipped"]
         abandoned = [s for s in decided.skipped if s.outcome == "abandoned"]
         extra = {"job": claim.job_key, "token": claim.token}
-        if missed:
+        # A saturated worker reports its skipped slots in its saturation line (counted; each
+        # has its history row): a warning per job would spend the CPU it lacks on logging.
+        quiet = self.saturation.saturated and all(self.saturation.counts(s.slot) for s in missed)
+        if missed and quiet:
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "job %r: %d missed slot(s) skipped (misfire=%r, worker saturated), %s .. %s",
+                    claim.job_key,
+                    len(missed),
+                    claim.misfire,
+                    missed[0].slot.isoformat(),
+                    missed[-1].slot.isoformat(),
+                    extra=extra,
+                )
+        elif missed:
             log.warning(
                 "job %r: %d missed slot(s) skipped (misfire=%r), %s .. %s",
                 claim.job_key,
