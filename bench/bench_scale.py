@@ -22,8 +22,10 @@ the slots in the window (after a warm-up):
 * ``saturated``: the workers' "saturated" log lines (see ``tenure.scheduler.worker``).
 
 ``--compare REF`` runs every row twice, back to back: once with the workers importing tenure
-from ``git archive REF`` (side ``before``), once with this checkout (``after``), so both sides
-see the same load. Each row uses its own database, ``tenure_scale_<random>``, dropped after.
+from ``git archive REF`` (side ``before``), once with this checkout (``after``, or
+``--after REF``), so both sides see the same load. The workers run with ``PYTHONPATH`` set to
+the unpacked ``src/``, which comes before the editable install of this checkout. Each row
+uses its own database, ``tenure_scale_<random>``, dropped after.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ SCHEDULES = {
 def source_tree(ref: str, into: Path) -> Path:
     """``git archive REF src`` unpacked into ``into``; returns the directory to put on the path."""
     repo = HERE.parent
+    into.mkdir(parents=True, exist_ok=True)
     tar_path = into / "src.tar"
     with open(tar_path, "wb") as out:
         subprocess.run(["git", "archive", ref, "src"], cwd=repo, stdout=out, check=True)
@@ -204,6 +207,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=5.0, help="seconds before the window")
     parser.add_argument("--async-jobs", action="store_true", help="async no-op jobs")
     parser.add_argument("--compare", metavar="REF", help="also run each row on git REF's src/")
+    parser.add_argument("--after", metavar="REF", help="the after side from git REF's src/")
     parser.add_argument("--quick", action="store_true", help="500 runs/s, 1s and 1m, 15 s")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     args = parser.parse_args()
@@ -215,9 +219,12 @@ def main() -> None:
     results: list[dict[str, Any]] = []
     failed = False
     with tempfile.TemporaryDirectory(prefix="tenure-scale-") as tmp:
-        sides: list[tuple[str, Path | None]] = [("after", None)]
+        after = None
+        if args.after:  # a fixed commit: the checkout may change while the rows run
+            after = source_tree(args.after, Path(tmp) / "after")
+        sides: list[tuple[str, Path | None]] = [("after", after)]
         if args.compare:
-            sides.insert(0, ("before", source_tree(args.compare, Path(tmp))))
+            sides.insert(0, ("before", source_tree(args.compare, Path(tmp) / "before")))
         rows = itertools.product(args.rates, args.schedules, args.workers)
         for n, (rate, schedule, workers) in enumerate(rows):
             for side, src in sides:
