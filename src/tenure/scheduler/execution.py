@@ -81,12 +81,14 @@ async def execute(run: Run) -> tuple[str, str | None, float]:
     (None on success) and how long it took. Never raises for what the body did."""
     loop = asyncio.get_running_loop()
     key, token = run.claim.job_key, run.claim.token
-    extra = {"job": key, "token": token, "slot": run.slot.isoformat()}
     began = loop.time()
     outcome, error = "succeeded", None
     lease, ctx = run.lease, run.ctx
     keeper: asyncio.TimerHandle | None = None
-    log.debug("job %r slot %s starts with token %s", key, run.slot.isoformat(), token, extra=extra)
+    if log.isEnabledFor(logging.DEBUG):  # formatting the slot costs a run more than its no-op
+        slot = run.slot.isoformat()
+        extra = {"job": key, "token": token, "slot": slot}
+        log.debug("job %r slot %s starts with token %s", key, slot, token, extra=extra)
     try:
         if run.spec.isolation == "process":
             # The body runs in a child process; cancelling this future stops the child.
