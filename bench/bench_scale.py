@@ -36,6 +36,7 @@ import itertools
 import json
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -131,7 +132,9 @@ def measure(
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
     try:
         migrate(dsn, SCHEMA)
-        procs = Workers(workers, worker_env(dsn, schedule, jobs, args, src), logdir, tag)
+        procs = Workers(
+            workers, worker_env(dsn, schedule, jobs, args, src), logdir, tag, stagger=True
+        )
         try:
             procs.wait_started(timeout=300)
             time.sleep(args.warmup)
@@ -169,6 +172,11 @@ def measure(
             admin.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname))
             )
+    kept = None
+    if any(code != 0 for code in codes):  # keep the logs of a worker that did not stop cleanly
+        kept = Path(tempfile.mkdtemp(prefix=f"tenure-scale-{tag}-"))
+        for log in procs.logs:
+            shutil.copy(log, kept)
     expected = expected_slots(schedule, jobs, t0, end)
     saturated = sum(
         1
@@ -193,6 +201,7 @@ def measure(
         "max_ms": round(float(worst or 0) * 1000, 1),
         "saturated_lines": saturated,
         "exit_codes": codes,
+        "logs": None if kept is None else str(kept),
     }
 
 

@@ -103,10 +103,16 @@ def pick_dsn(explicit: str | None) -> str:
 class Workers:
     """M ``tenure worker bench_scheduler:app`` processes."""
 
-    def __init__(self, count: int, env: dict[str, str], logdir: Path, tag: str) -> None:
+    def __init__(
+        self, count: int, env: dict[str, str], logdir: Path, tag: str, *, stagger: bool = False
+    ) -> None:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.logs: list[Path] = []
         for i in range(count):
+            if stagger and self.procs:
+                # One at a time: workers registering 100,000s of jobs at once wait on each
+                # other's row locks past the statement timeout.
+                self.wait_started(timeout=300)
             path = logdir / f"{tag}-{i}.log"
             self.logs.append(path)
             with open(path, "wb") as out:

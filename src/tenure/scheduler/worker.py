@@ -101,6 +101,7 @@ class Worker:
         # Claimed batches whose start statement is in flight, and how many claims they hold.
         self._starts: set[asyncio.Task[None]] = set()
         self._starting = 0
+        self._start_lock = asyncio.Lock()
         #: Set once the worker has registered its jobs and claims (for embedding and tests).
         self.ready = threading.Event()
         self._wake = asyncio.Event()
@@ -305,7 +306,10 @@ class Worker:
 
     async def _start_claimed(self, claims: list[Claim], sent: float) -> None:
         try:
-            await self._start(claims, sent)
+            # One start statement at a time (in claim order): with the claim and the finisher,
+            # three pooled connections at most, so renewals still find one.
+            async with self._start_lock:
+                await self._start(claims, sent)
         finally:
             launched = sum(1 for c in claims if (c.job_key, c.token) in self._running)
             self._starting -= len(claims)
