@@ -132,9 +132,11 @@ def measure(
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
     try:
         migrate(dsn, SCHEMA)
-        procs = Workers(
-            workers, worker_env(dsn, schedule, jobs, args, src), logdir, tag, stagger=True
-        )
+        # --stagger: one after another (a worker registering 100,000s of jobs while another
+        # claims them may wait on row locks past the 5 s statement timeout; so may several
+        # registering at once).
+        env = worker_env(dsn, schedule, jobs, args, src)
+        procs = Workers(workers, env, logdir, tag, stagger=args.stagger)
         try:
             procs.wait_started(timeout=300)
             time.sleep(args.warmup)
@@ -217,6 +219,7 @@ def main() -> None:
     parser.add_argument("--async-jobs", action="store_true", help="async no-op jobs")
     parser.add_argument("--compare", metavar="REF", help="also run each row on git REF's src/")
     parser.add_argument("--after", metavar="REF", help="the after side from git REF's src/")
+    parser.add_argument("--stagger", action="store_true", help="start workers one at a time")
     parser.add_argument("--quick", action="store_true", help="500 runs/s, 1s and 1m, 15 s")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     args = parser.parse_args()
