@@ -25,7 +25,7 @@ WITH incoming AS (
              quarantine_after)
 ), old AS MATERIALIZED (
     SELECT j.job_key, j.cron, j.every, j.timezone, j.ttl, j.misfire, j.misfire_grace,
-           j.on_crash, j.defined_by, j.defined_at, j.app, j.revision
+           j.on_crash, j.defined_by, j.defined_at, j.app, j.revision, j.quarantine_after
     FROM {schema}.scheduled_jobs AS j
     WHERE j.job_key IN (SELECT job_key FROM incoming)
 ), conflicts AS MATERIALIZED (
@@ -40,7 +40,17 @@ WITH incoming AS (
            i.on_crash, clock_timestamp(), %(defined_by)s, i.next_slot, i.quarantine_after,
            %(app)s
     FROM incoming AS i
+    LEFT JOIN old AS o ON o.job_key = i.job_key
     WHERE NOT EXISTS (SELECT 1 FROM conflicts)
+      -- Only new or changed definitions: ON CONFLICT locks the existing row even when its
+      -- WHERE then writes nothing, so an identical one would wait for every claim, start and
+      -- finish holding its row (a worker joining a busy fleet of 100,000s of jobs timed out).
+      AND (o.job_key IS NULL
+           OR (o.cron, o.every, o.timezone, o.ttl, o.misfire, o.misfire_grace, o.on_crash,
+               o.quarantine_after, o.app)
+              IS DISTINCT FROM (i.cron, i.every, i.timezone, i.ttl, i.misfire,
+                                i.misfire_grace, i.on_crash, i.quarantine_after,
+                                %(app)s::text))
     ORDER BY i.job_key
     ON CONFLICT (job_key) DO UPDATE
     SET cron = excluded.cron,
