@@ -4,9 +4,11 @@ outcome of runs that end together."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import itertools
 import logging
+import threading
 import time
 from typing import Any
 
@@ -147,3 +149,46 @@ def _finished_per_job(dsn: str, schema: str) -> int:
         " USING (job_key) GROUP BY j.job_key) AS c",
     )
     return int(least)
+
+
+def test_sync_bodies_ending_together_wake_the_loop_once_not_once_each() -> None:
+    """Each wake-up from a thread is a byte in the event loop's self-pipe, which is also its
+    signal wake-up fd: 1,024 bodies ending at once filled it, a SIGTERM was lost and the
+    worker never stopped. Outcomes queued while the loop is busy share one wake-up."""
+    from tenure.scheduler.execution import in_thread
+
+    bodies = 200
+    ended = 0
+    lock = threading.Lock()
+
+    def body(ctx: Any) -> int:
+        nonlocal ended
+        with lock:
+            ended += 1
+        return 7
+
+    async def main() -> tuple[list[int], int]:
+        loop = asyncio.get_running_loop()
+        wakeups = 0
+        original = loop.call_soon_threadsafe
+
+        def counting(*args: Any, **kwargs: Any) -> Any:
+            nonlocal wakeups
+            wakeups += 1
+            return original(*args, **kwargs)
+
+        loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+        gate = threading.Event()
+        futures = [
+            in_thread(lambda ctx: gate.wait(30) and body(ctx), None, f"t{i}") for i in range(bodies)
+        ]
+        gate.set()
+        while ended < bodies:  # the loop stays busy (blocked) while every body ends
+            time.sleep(0.01)
+        time.sleep(0.2)  # and while they hand their outcomes over
+        results = await asyncio.gather(*futures)
+        return results, wakeups
+
+    results, wakeups = asyncio.run(main())
+    assert results == [7] * bodies
+    assert wakeups <= bodies // 10, wakeups

@@ -19,6 +19,7 @@ import logging
 import os
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -224,11 +225,47 @@ _threads = DaemonThreads()
 os.register_at_fork(after_in_child=_threads._after_fork)
 
 
+class _Deliveries:
+    """Outcomes of sync bodies on their way back to one event loop. Every
+    ``call_soon_threadsafe`` writes a byte to the loop's self-pipe, which is also its signal
+    wake-up fd: a thousand bodies ending at once filled it, and a SIGTERM arriving then was
+    lost ("Exception ignored when trying to write to the signal wakeup fd"), so the worker
+    never stopped. Here only the first outcome of a batch wakes the loop; the callback
+    delivers every outcome queued by then."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._queued: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
+
+    def put(self, fn: Callable[..., None], *args: Any) -> None:
+        with self._lock:
+            self._queued.append((fn, args))
+            if len(self._queued) > 1:
+                return  # a wake-up is already on its way
+        with contextlib.suppress(RuntimeError):  # the loop is gone: the worker has exited
+            self._loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self._lock:
+            queued, self._queued = self._queued, []
+        for fn, args in queued:
+            fn(*args)
+
+
+_deliveries: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Deliveries] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 def in_thread(fn: Any, ctx: JobContext, name: str) -> asyncio.Future[Any]:
     """Run ``fn(ctx)`` in a daemon thread (named ``name`` while it runs); the returned future
     gets its outcome."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Any] = loop.create_future()
+    deliveries = _deliveries.get(loop)
+    if deliveries is None:
+        deliveries = _deliveries[loop] = _Deliveries(loop)
 
     def deliver(ok: bool, value: Any) -> None:
         if future.done():
@@ -249,8 +286,7 @@ def in_thread(fn: Any, ctx: JobContext, name: str) -> asyncio.Future[Any]:
             outcome = (True, value)
         finally:
             thread.name = "tenure-job"
-        with contextlib.suppress(RuntimeError):  # the loop is gone: the worker has exited
-            loop.call_soon_threadsafe(deliver, *outcome)
+        deliveries.put(deliver, *outcome)
 
     _threads.submit(target)
     return future
