@@ -14,7 +14,7 @@ the count follows the rate. Everything is read from ``job_runs`` by the database
 the slots in the window (after a warm-up):
 
 * ``runs/s``: runs that started, divided by the window; for ``cron``, the window is one
-  minute's burst (from 2 s before the minute to 61 s after) and runs/s is the burst's runs
+  minute's burst (slots from 2 s before the minute to 59.5 s after) and runs/s is its runs
   divided by the lateness of the last one to start (its drain rate);
 * ``late p50/p99/max``: ``started_at - slot`` of those runs, in ms;
 * ``skipped``: slots recorded as misfire-skipped (every skipped slot gets a history row);
@@ -144,13 +144,13 @@ def measure(
             time.sleep(args.warmup)
             with psycopg.connect(dsn, autocommit=True) as conn:
                 if SCHEDULES[schedule][0] == "cron":
-                    # One burst: from 2 s before a minute to 61 s after it (the next
-                    # minute's slots fall outside the window).
+                    # One burst: slots from 2 s before a minute to 59.5 s after it (the
+                    # window's end minus 1 s; the next minute's slots fall outside).
                     (to_minute,) = conn.execute(
                         "SELECT 60 - extract(epoch FROM clock_timestamp())::numeric % 60"
                     ).fetchone() or (60,)
                     time.sleep(max(0.0, float(to_minute) - 2.0) % 60)
-                    window = 63.0
+                    window = 62.5
                 (t0,) = conn.execute("SELECT clock_timestamp()").fetchone() or (None,)
                 time.sleep(window)
                 (t1,) = conn.execute("SELECT clock_timestamp()").fetchone() or (None,)
