@@ -258,7 +258,10 @@ def _fn(names: str, path: str) -> re.Pattern[str]:
 
 
 PHASES = (
-    ("finish (sched_finish)", _fn("_finish", r"tenure/scheduler/worker\.py")),
+    (
+        "finish (sched_finish)",
+        _fn("_finish|_finish_batches|_record_finished|_ended", r"tenure/scheduler/worker\.py"),
+    ),
     (
         "lease keeper (spawn, renew, stop)",
         _fn(
@@ -267,7 +270,10 @@ PHASES = (
             r"tenure/leases/_async/lease\.py",
         ),
     ),
-    ("thread per sync run", _fn("in_thread", r"tenure/scheduler/execution\.py")),
+    (
+        "thread per sync run",
+        _fn("in_thread|submit|_serve|target", r"tenure/scheduler/execution\.py"),
+    ),
     ("launch (lease, context, task)", _fn("_launch", r"tenure/scheduler/worker\.py")),
     (
         "plan (rows, cronsim, params)",
@@ -353,7 +359,7 @@ def claim_and_plan(
     """Claim up to ``limit`` due jobs on ``conn`` and plan them with the worker's own code:
     the parameters of sched_start for the batch and of sched_finish for its first run."""
     from tenure.db.queries import queries
-    from tenure.scheduler.claim import Claim, start_params
+    from tenure.scheduler.claim import Claim, Finished, finish_params, start_params
     from tenure.scheduler.jobs import channel_name, schedule_from_row
     from tenure.scheduler.schedules import plan
 
@@ -375,17 +381,9 @@ def claim_and_plan(
         for c in claims
     ]
     c, d = planned[0]
-    finish = {
-        "job_key": c.job_key,
-        "token": c.token,
-        "owner": c.owner,
-        "slot": d.run_slot,
-        "kind": d.run_kind,
-        "done": True,
-        "outcome": "succeeded",
-        "error": None,
-        "channel": channel_name(SCHEMA),
-    }
+    assert d.run_slot is not None and d.run_kind is not None
+    ended = Finished(c.job_key, c.token, c.owner, d.run_slot, d.run_kind, True, "succeeded", None)
+    finish = finish_params([ended], channel=channel_name(SCHEMA))
     return start_params(planned, worker="profile", host="profile", pid=0), finish
 
 
@@ -429,7 +427,7 @@ def explain(dsn: str, rounds: int, limits: tuple[int, ...]) -> dict[str, Any]:
 #: A fragment of each statement's text, to find it in pg_prepared_statements.
 MARKERS = {
     "sched_claim": "FOR UPDATE OF j, s SKIP LOCKED",
-    "sched_start": "AS p(job_key, token, owner, revision",
+    "sched_start": "AS p(job_key text, token bigint, owner uuid",
     "sched_finish": "concat_ws",
 }
 

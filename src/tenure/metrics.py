@@ -38,6 +38,7 @@ STALE = "stale_token_rejection"  # outcome: the site (result | fence)
 JOB = "job_run"  # outcome: succeeded | failed | lease_lost | ...; value: duration seconds
 JOB_LATENESS = "job_lateness"  # scheduler: value: run start minus its slot, database clock (s)
 OUTBOX_DELIVERY = "outbox_delivery"  # job = topic; outcome: delivered | retry | dead | lost_claim
+SATURATED = "worker_saturated"  # job = app name; outcome: saturated | ok; value: 1.0 | 0.0
 
 #: Label values created at zero as soon as a process acquires a job, so that the first
 #: renewal failure, lost lease or stale rejection shows as an increase (Prometheus'
@@ -161,6 +162,14 @@ def install_prometheus(registry: Any = None) -> Callable[[], None]:
         buckets=LATENESS_BUCKETS,
         **kw,
     )
+    # livemax: in multiprocess mode, 1 if any live worker process of the app is saturated.
+    saturated = prom.Gauge(
+        "tenure_worker_saturated",
+        "1 while a scheduler worker cannot keep up (slots skipped or started over 1s late)",
+        ["app"],
+        multiprocess_mode="livemax",
+        **kw,
+    )
     deliveries = prom.Counter(
         "tenure_outbox_delivery_attempts",
         "Outbox delivery attempts by outcome (delivered, retry, dead, lost_claim)",
@@ -203,6 +212,8 @@ def install_prometheus(registry: Any = None) -> Callable[[], None]:
             if event.value is not None:
                 # A run claimed a hair before its slot by the database clock counts as on time.
                 lateness.labels(event.job).observe(max(0.0, event.value))
+        elif event.name == SATURATED:
+            saturated.labels(event.job).set(event.value or 0.0)
         elif event.name == OUTBOX_DELIVERY:
             deliveries.labels(event.job, event.outcome).inc()
             if event.value is not None:

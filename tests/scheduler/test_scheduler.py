@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
+import psycopg
 import pytest
+from psycopg import sql
 
 import tenure
 from tenure import metrics
@@ -191,6 +193,28 @@ def test_registration_upserts_and_the_newest_definition_wins(dsn: str, schema: s
     v3.register()
     [third] = query(dsn, schema, sel)
     assert third[0] == 3 and third[5] == second[5]  # only the ttl changed: same next slot
+
+
+def test_registering_an_unchanged_definition_does_not_wait_for_a_locked_job_row(
+    dsn: str, schema: str
+) -> None:
+    """A worker joining a busy fleet re-registers definitions that are already there, while
+    the other workers' claims, starts and finishes hold those rows locked. Writing nothing
+    must not wait for them (it waited past the statement timeout with 120,000 jobs)."""
+    prepare(dsn, schema)
+    app = tenure.Scheduler(dsn, schema=schema)
+    app.job("busy", every="10s")(noop)
+    app.register()
+    with psycopg.connect(dsn) as holder:  # a claim's row lock, held
+        holder.execute(
+            sql.SQL("SELECT 1 FROM {}.scheduled_jobs WHERE job_key = 'busy' FOR UPDATE").format(
+                sql.Identifier(schema)
+            )
+        )
+        again = tenure.Scheduler(dsn, schema=schema)
+        again.job("busy", every="10s")(noop)
+        again.register()  # before: waited for the lock until "statement timeout"
+        holder.rollback()
 
 
 # -- misfire policies -------------------------------------------------------------------------

@@ -1,9 +1,11 @@
 """One claimed job, as ``sched_claim`` returned it, and the parameters that record a batch
-of plans with ``sched_start`` (one array element per claimed job or skipped slot)."""
+of plans with ``sched_start`` and of finished runs with ``sched_finish`` (one JSON object per
+claimed job, skipped slot or finished run)."""
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -13,14 +15,6 @@ from .schedules import JobState, Plan, Policy
 
 if TYPE_CHECKING:
     from .spec import JobSpec
-
-#: The array parameters of sched_start, one element per claimed job or skipped slot.
-START_ARRAYS = (
-    *("keys", "tokens", "owners", "revisions", "run_slots", "run_kinds", "attempts"),
-    *("next_slots", "done_slots", "triggers", "prior_tokens", "prior_errors"),
-    *("crash_streaks", "quarantines"),
-    *("skip_keys", "skip_slots", "skip_tokens", "skip_kinds", "skip_outcomes", "skip_errors"),
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,33 +122,94 @@ class Claim:
         return mine != theirs
 
 
+def _iso(at: dt.datetime | None) -> str | None:
+    return None if at is None else at.isoformat()
+
+
+def _text(value: str | None) -> str | None:
+    """A string PostgreSQL's json-to-text accepts: no NUL (``\\u0000`` is refused), no lone
+    surrogate. An error message from a job body may hold either; one such message must not
+    fail its whole batch."""
+    if value is None:
+        return None
+    if "\x00" in value:
+        value = value.replace("\x00", "\\x00")
+    return value.encode("utf-8", "replace").decode("utf-8")
+
+
 def start_params(
     planned: Sequence[tuple[Claim, Plan]], *, worker: str, host: str, pid: int
 ) -> dict[str, Any]:
-    """The parameters of ``sched_start`` for a batch of claims and their plans."""
-    p: dict[str, list[Any]] = {name: [] for name in START_ARRAYS}
+    """The parameters of ``sched_start`` for a batch of claims and their plans: two JSON
+    texts (``plan``: one object per claim; ``skipped``: one per skipped slot)."""
+    plans: list[dict[str, Any]] = []
+    skipped: list[dict[str, Any]] = []
     for claim, d in planned:
-        p["keys"].append(claim.job_key)
-        p["tokens"].append(claim.token)
-        p["owners"].append(claim.owner)
-        p["revisions"].append(claim.revision)
-        p["run_slots"].append(d.run_slot)
-        p["run_kinds"].append(d.run_kind)
-        p["attempts"].append(d.attempt)
-        p["next_slots"].append(d.next_slot)
-        p["done_slots"].append(d.done_slot)
-        p["triggers"].append(d.trigger_at)
-        p["prior_tokens"].append(d.prior_token)
-        p["prior_errors"].append(d.prior_error)
-        p["crash_streaks"].append(d.crash_streak)
-        p["quarantines"].append(d.quarantine)
+        plans.append(
+            {
+                "job_key": claim.job_key,
+                "token": claim.token,
+                "owner": str(claim.owner),
+                "revision": claim.revision,
+                "run_slot": _iso(d.run_slot),
+                "run_kind": d.run_kind,
+                "attempt": d.attempt,
+                "next_slot": _iso(d.next_slot),
+                "done_slot": _iso(d.done_slot),
+                "trigger_at": _iso(d.trigger_at),
+                "prior_token": d.prior_token,
+                "prior_error": _text(d.prior_error),
+                "crash_streak": d.crash_streak,
+                "quarantine": _text(d.quarantine),
+            }
+        )
         for s in d.skipped:
-            p["skip_keys"].append(claim.job_key)
-            p["skip_slots"].append(s.slot)
-            p["skip_tokens"].append(claim.token)
-            p["skip_kinds"].append(s.kind)
-            p["skip_outcomes"].append(s.outcome)
-            p["skip_errors"].append(s.error)
-    params: dict[str, Any] = dict(p)
-    params.update(worker=worker, host=host, pid=pid)
-    return params
+            skipped.append(
+                {
+                    "job_key": claim.job_key,
+                    "slot": s.slot.isoformat(),
+                    "token": claim.token,
+                    "kind": s.kind,
+                    "outcome": s.outcome,
+                    "error": _text(s.error),
+                }
+            )
+    return {
+        "plan": json.dumps(plans, separators=(",", ":")),
+        "skipped": json.dumps(skipped, separators=(",", ":")),
+        "worker": worker,
+        "host": host,
+        "pid": pid,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """One run's end, as ``sched_finish`` records it."""
+
+    job_key: str
+    token: int
+    owner: uuid.UUID
+    slot: dt.datetime
+    kind: str
+    done: bool
+    outcome: str
+    error: str | None
+
+
+def finish_params(finished: Sequence[Finished], *, channel: str) -> dict[str, Any]:
+    """The parameters of ``sched_finish`` for a batch of finished runs (one JSON text)."""
+    runs = [
+        {
+            "job_key": f.job_key,
+            "token": f.token,
+            "owner": str(f.owner),
+            "slot": f.slot.isoformat(),
+            "kind": f.kind,
+            "done": f.done,
+            "outcome": f.outcome,
+            "error": _text(f.error),
+        }
+        for f in finished
+    ]
+    return {"runs": json.dumps(runs, separators=(",", ":")), "channel": channel}

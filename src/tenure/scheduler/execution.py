@@ -1,5 +1,5 @@
 """Running one claimed slot's job body: async bodies as tasks on the worker's loop (cancelled
-when the lease is lost), sync ones in a daemon thread each (``ctx.check()`` raises once the
+when the lease is lost), sync ones in reused daemon threads (``ctx.check()`` raises once the
 lease is lost). Daemon threads rather than a ThreadPoolExecutor: a sync job that ignores
 cancellation must not keep a stopping worker alive (executor threads are joined at exit).
 
@@ -16,7 +16,11 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
+import os
+import queue
 import threading
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,11 +82,14 @@ async def execute(run: Run) -> tuple[str, str | None, float]:
     (None on success) and how long it took. Never raises for what the body did."""
     loop = asyncio.get_running_loop()
     key, token = run.claim.job_key, run.claim.token
-    extra = {"job": key, "token": token, "slot": run.slot.isoformat()}
     began = loop.time()
     outcome, error = "succeeded", None
     lease, ctx = run.lease, run.ctx
-    log.debug("job %r slot %s starts with token %s", key, run.slot.isoformat(), token, extra=extra)
+    keeper: asyncio.TimerHandle | None = None
+    if log.isEnabledFor(logging.DEBUG):  # formatting the slot costs a run more than its no-op
+        slot = run.slot.isoformat()
+        extra = {"job": key, "token": token, "slot": slot}
+        log.debug("job %r slot %s starts with token %s", key, slot, token, extra=extra)
     try:
         if run.spec.isolation == "process":
             # The body runs in a child process; cancelling this future stops the child.
@@ -90,15 +97,18 @@ async def execute(run: Run) -> tuple[str, str | None, float]:
             body: asyncio.Future[Any] = asyncio.ensure_future(
                 run_isolated(run.spec, ctx, info if isinstance(info, str) else None)
             )
-            lease.keep(body)
         elif run.spec.is_async:
             body = asyncio.ensure_future(
                 _guarded(run.spec.fn, ctx, lambda: run.shutdown or lease.lost)
             )
-            lease.keep(body)  # renew every ttl/3; cancel the body when the lease is lost
         else:
-            lease.keep()  # renew every ttl/3; mark lost at the local deadline
             body = in_thread(run.spec.fn, ctx, f"tenure-job-{key}")
+        # Renew every ttl/3 and mark the lease lost at its local deadline (cancelling an
+        # async or isolated body then), from ttl/3 on: nothing can be due before, and most
+        # runs end sooner, so they never pay for the keeper's two tasks (bench/README.md).
+        threaded = run.spec.isolation != "process" and not run.spec.is_async
+        due = lease.deadline_in - lease.ttl * 2 / 3 + lease.safety_margin  # acquire + ttl/3
+        keeper = loop.call_later(max(0.0, due), _keep, lease, body, not threaded)
         run.body = body
         await body
         if ctx._stale:
@@ -141,8 +151,15 @@ async def execute(run: Run) -> tuple[str, str | None, float]:
         if outcome == "failed":
             _log_failure(run, error, exc)
     finally:
+        if keeper is not None:
+            keeper.cancel()
         await lease.stop_keeping()
     return outcome, error, loop.time() - began
+
+
+def _keep(lease: AsyncLease, body: asyncio.Future[Any], cancel_body: bool) -> None:
+    if not body.done():
+        lease.keep(body if cancel_body else None)
 
 
 def _log_failure(run: Run, error: str, exc: BaseException) -> None:
@@ -158,10 +175,97 @@ def _log_failure(run: Run, error: str, exc: BaseException) -> None:
     )
 
 
+class DaemonThreads:
+    """Reusable daemon threads for sync job bodies. Starting a thread per run cost the event
+    loop about a millisecond (a sixth of its time at 1,500 runs/s, bench/README.md). A thread
+    that finishes a body waits up to ``idle`` seconds for the next one, then exits; a body
+    finds an idle thread or starts a new one, so the threads never queue bodies behind each
+    other (the worker's concurrency bounds how many run). Daemon threads, unlike a
+    ThreadPoolExecutor's, are not joined at interpreter exit: a body that ignores
+    cancellation cannot keep a stopping worker alive."""
+
+    def __init__(self, idle: float = 30.0) -> None:
+        self.idle = idle
+        self._lock = threading.Lock()
+        self._waiting = 0  # threads blocked in get(): each will take one queued body
+        self._queue: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+
+    def submit(self, work: Callable[[], None]) -> None:
+        with self._lock:
+            if self._waiting:
+                self._waiting -= 1
+                self._queue.put(work)
+                return
+        threading.Thread(target=self._serve, args=(work,), name="tenure-job", daemon=True).start()
+
+    def _serve(self, work: Callable[[], None]) -> None:
+        while True:
+            work()
+            del work  # nothing of the last run stays reachable while the thread idles
+            with self._lock:
+                self._waiting += 1
+            try:
+                work = self._queue.get(timeout=self.idle)
+            except queue.Empty:
+                with self._lock:
+                    try:  # a body queued for this thread between the timeout and the lock
+                        work = self._queue.get_nowait()
+                    except queue.Empty:
+                        self._waiting -= 1
+                        return
+
+    def _after_fork(self) -> None:
+        # The child has none of the parent's threads: none is waiting for work.
+        self._lock = threading.Lock()
+        self._waiting = 0
+        self._queue = queue.SimpleQueue()
+
+
+_threads = DaemonThreads()
+os.register_at_fork(after_in_child=_threads._after_fork)
+
+
+class _Deliveries:
+    """Outcomes of sync bodies on their way back to one event loop. Every
+    ``call_soon_threadsafe`` writes a byte to the loop's self-pipe, which is also its signal
+    wake-up fd: a thousand bodies ending at once filled it, and a SIGTERM arriving then was
+    lost ("Exception ignored when trying to write to the signal wakeup fd"), so the worker
+    never stopped. Here only the first outcome of a batch wakes the loop; the callback
+    delivers every outcome queued by then."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._queued: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
+
+    def put(self, fn: Callable[..., None], *args: Any) -> None:
+        with self._lock:
+            self._queued.append((fn, args))
+            if len(self._queued) > 1:
+                return  # a wake-up is already on its way
+        with contextlib.suppress(RuntimeError):  # the loop is gone: the worker has exited
+            self._loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self._lock:
+            queued, self._queued = self._queued, []
+        for fn, args in queued:
+            fn(*args)
+
+
+_deliveries: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Deliveries] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 def in_thread(fn: Any, ctx: JobContext, name: str) -> asyncio.Future[Any]:
-    """Run ``fn(ctx)`` in a new daemon thread; the returned future gets its outcome."""
+    """Run ``fn(ctx)`` in a daemon thread (named ``name`` while it runs); the returned future
+    gets its outcome."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Any] = loop.create_future()
+    deliveries = _deliveries.get(loop)
+    if deliveries is None:
+        deliveries = _deliveries[loop] = _Deliveries(loop)
 
     def deliver(ok: bool, value: Any) -> None:
         if future.done():
@@ -172,14 +276,17 @@ def in_thread(fn: Any, ctx: JobContext, name: str) -> asyncio.Future[Any]:
             future.set_exception(value)
 
     def target() -> None:
+        thread = threading.current_thread()
+        thread.name = name
         try:
             value = fn(ctx)
         except BaseException as exc:
             outcome: tuple[bool, Any] = (False, exc)
         else:
             outcome = (True, value)
-        with contextlib.suppress(RuntimeError):  # the loop is gone: the worker has exited
-            loop.call_soon_threadsafe(deliver, *outcome)
+        finally:
+            thread.name = "tenure-job"
+        deliveries.put(deliver, *outcome)
 
-    threading.Thread(target=target, name=name, daemon=True).start()
+    _threads.submit(target)
     return future

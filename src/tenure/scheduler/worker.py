@@ -13,15 +13,20 @@ Life of a run (statements in ``db/sql/scheduler.sql``):
 3. ``sched_start`` (one statement per batch) records the plan, fenced on the claim's token:
    ``next_slot`` moves forward only, skipped slots get history rows, the run gets its row.
 4. The job runs with its lease renewed every ttl/3 (the core's :class:`AsyncLease`). Async
-   functions run as tasks on this loop (cancelled when the lease is lost); sync ones in a
-   daemon thread each (``ctx.check()`` raises and ``ctx.cancelled`` is set when it is lost).
-   Daemon threads rather than a ThreadPoolExecutor: a sync job that ignores cancellation
-   must not keep a stopping worker alive (executor threads are joined at interpreter exit).
-   ``concurrency`` bounds runs in flight, sync or async: the claim never takes more.
-5. ``sched_finish`` (one statement) records the outcome and releases the lease. A finished
+   functions run as tasks on this loop (cancelled when the lease is lost); sync ones in
+   reused daemon threads (``ctx.check()`` raises and ``ctx.cancelled`` is set when it is
+   lost). Daemon threads rather than a ThreadPoolExecutor: a sync job that ignores
+   cancellation must not keep a stopping worker alive (executor threads are joined at
+   interpreter exit). ``concurrency`` bounds runs in flight, sync or async: the claim never
+   takes more.
+5. ``sched_finish`` records the outcome and releases the lease, for a batch of runs: one
+   finisher task sends whatever ended while its previous statement was in flight. A finished
    slot (succeeded or failed with the lease intact) is never run again; a run that lost
    its lease or was cancelled at shutdown leaves the slot to be retried, and peers are
    notified so one of them takes it over at once.
+
+Saturation (:mod:`.saturation`): slots that came due while the worker ran and were skipped,
+or started over a second late, make it log a warning and emit the ``worker_saturated`` metric.
 
 Wake-ups: the claim's "look again at" time, a ``LISTEN`` on a dedicated connection (schedule
 changes, pause/resume/trigger, handed-over slots), and the end of a local run. The longest
@@ -47,11 +52,12 @@ from ..leases._async.client import AsyncClient, connect_async, default_margin
 from ..leases._async.lease import AsyncLease
 from ..leases.models import Grant
 from .background import listen, prune
-from .claim import Claim, start_params
+from .claim import Claim, Finished, finish_params, start_params
 from .context import JobContext
 from .execution import Run, execute
 from .jobs import channel_name, schedule_from_row
 from .registration import register
+from .saturation import Saturation
 from .schedules import Plan, Schedule, plan
 
 if TYPE_CHECKING:
@@ -64,6 +70,8 @@ log = logging.getLogger("tenure.scheduler")
 MAX_IDLE = 10.0
 #: Pause before claiming again when due jobs were left to a concurrent claimer.
 CONTENTION_BACKOFF = 0.02
+#: Most runs one finish statement records (a batch is whatever ended while the last was sent).
+FINISH_BATCH = 1000
 #: The schema version that has the scheduler's tables (5: quarantine and app ownership).
 SCHEMA_VERSION = 5
 
@@ -87,6 +95,13 @@ class Worker:
         # Keyed by (job, token): a run that lost its lease may still be finishing when this
         # same worker claims the job's retry.
         self._running: dict[tuple[str, int], Run] = {}
+        # Ended runs waiting for the finisher, and the finisher task while it runs.
+        self._finishing: list[tuple[Finished, asyncio.Future[str]]] = []
+        self._finisher: asyncio.Task[None] | None = None
+        # Claimed batches whose start statement is in flight, and how many claims they hold.
+        self._starts: set[asyncio.Task[None]] = set()
+        self._starting = 0
+        self._start_lock = asyncio.Lock()
         #: Set once the worker has registered its jobs and claims (for embedding and tests).
         self.ready = threading.Event()
         self._wake = asyncio.Event()
@@ -98,6 +113,7 @@ class Worker:
         self._schedules: dict[tuple[str, str | None, dt.timedelta | None, str], Schedule] = {}
         self.runs = 0
         self.handed_over = 0
+        self.saturation = Saturation(self.id, self.app_name)
 
     @property
     def label(self) -> str:
@@ -220,7 +236,7 @@ class Worker:
         failures = 0
         while not self._stopping:
             self._wake.clear()
-            free = self.concurrency - len(self._running)
+            free = self.concurrency - len(self._running) - self._starting
             delay = MAX_IDLE
             if free > 0:
                 sent = monotonic()  # the lease's local deadline counts from here
@@ -245,8 +261,17 @@ class Worker:
                 claims = [Claim.from_row(row) for row in rows if row[0] is not None]
                 summary = next(row for row in rows if row[0] is None)
                 now, ready_at = summary[19], summary[20]
+                self.saturation.started(now)
                 if claims:
-                    await self._start(claims, sent)
+                    # Started in the background: the next claim goes out while this batch's
+                    # start statement is in flight (claims never overlap: a claimed job's
+                    # lease is live).
+                    self._starting += len(claims)
+                    task = asyncio.create_task(self._start_claimed(claims, sent))
+                    self._starts.add(task)
+                    task.add_done_callback(self._starts.discard)
+                else:
+                    self.saturation.observe(0, [], monotonic())
                 if len(claims) == free:
                     continue  # maybe more is due; the next pass claims with what is left
                 if ready_at is not None:
@@ -278,6 +303,18 @@ class Worker:
             schedule = schedule_from_row(claim.job_key, claim.cron, claim.every, claim.timezone)
             self._schedules[key] = schedule
         return schedule
+
+    async def _start_claimed(self, claims: list[Claim], sent: float) -> None:
+        try:
+            # One start statement at a time (in claim order): with the claim and the finisher,
+            # three pooled connections at most, so renewals still find one.
+            async with self._start_lock:
+                await self._start(claims, sent)
+        finally:
+            launched = sum(1 for c in claims if (c.job_key, c.token) in self._running)
+            self._starting -= len(claims)
+            if launched < len(claims):
+                self._wake.set()  # capacity the claim reserved and no run took
 
     async def _start(self, claims: list[Claim], sent: float) -> None:
         planned: list[tuple[Claim, JobSpec, Schedule, Plan]] = []
@@ -343,6 +380,18 @@ class Worker:
                 metrics.emit(metrics.RELEASE, claim.job_key, value=0.0)
             return
         started = {key: at for key, at in rows}
+        skipped, lateness = 0, []
+        counts = self.saturation.counts
+        for claim, _spec, _schedule, decided in planned:
+            if claim.job_key not in started:
+                continue
+            skipped += sum(
+                s.outcome == "misfire_skipped" and counts(s.slot) for s in decided.skipped
+            )
+            slot = decided.run_slot
+            if decided.run_kind == "scheduled" and slot is not None and counts(slot):
+                lateness.append((started[claim.job_key] - slot).total_seconds())
+        self.saturation.observe(skipped, lateness, monotonic())
         for claim, spec, schedule, decided in planned:
             extra = {"job": claim.job_key, "token": claim.token}
             if claim.job_key not in started:
@@ -375,7 +424,21 @@ class Worker:
         missed = [s for s in decided.skipped if s.outcome == "misfire_skipped"]
         abandoned = [s for s in decided.skipped if s.outcome == "abandoned"]
         extra = {"job": claim.job_key, "token": claim.token}
-        if missed:
+        # A saturated worker reports its skipped slots in its saturation line (counted; each
+        # has its history row): a warning per job would spend the CPU it lacks on logging.
+        quiet = self.saturation.saturated and all(self.saturation.counts(s.slot) for s in missed)
+        if missed and quiet:
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "job %r: %d missed slot(s) skipped (misfire=%r, worker saturated), %s .. %s",
+                    claim.job_key,
+                    len(missed),
+                    claim.misfire,
+                    missed[0].slot.isoformat(),
+                    missed[-1].slot.isoformat(),
+                    extra=extra,
+                )
+        elif missed:
             log.warning(
                 "job %r: %d missed slot(s) skipped (misfire=%r), %s .. %s",
                 claim.job_key,
@@ -472,55 +535,106 @@ class Worker:
         await self._finish(run, outcome, error, duration)
 
     async def _finish(self, run: Run, outcome: str, error: str | None, duration: float) -> None:
+        """Queue the run's end for the finisher and wait until it is recorded (or given up):
+        the run counts against the concurrency until then, and a stopping worker waits for
+        its task."""
         key, token = run.claim.job_key, run.claim.token
-        extra = {"job": key, "token": token, "slot": run.slot.isoformat()}
         done = outcome in ("succeeded", "failed")
-        params = {
-            "job_key": key,
-            "token": token,
-            "owner": run.claim.owner,
-            "slot": run.slot,
-            "kind": run.kind,
-            "done": done,
-            "outcome": outcome,
-            "error": error,
-            "channel": self.channel,
-        }
-        recorded = outcome
+        item = Finished(key, token, run.claim.owner, run.slot, run.kind, done, outcome, error)
+        recorded: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._finishing.append((item, recorded))
+        if self._finisher is None:
+            self._finisher = asyncio.create_task(self._finish_batches(), name="tenure-finish")
+        try:
+            await asyncio.shield(recorded)
+        finally:
+            # Cancelled while waiting (the loop is closing): the finisher may still record
+            # it; the run ends here with what the body did.
+            ok = recorded.done() and not recorded.cancelled()
+            self._ended(run, done, recorded.result() if ok else outcome, error, duration)
+
+    async def _finish_batches(self) -> None:
+        """The single finisher: one ``sched_finish`` for whatever runs ended while the previous
+        batch was in flight. Batches grow with the load and are single runs when idle, so an
+        idle worker adds no latency, and finishing takes one pooled connection at a time
+        instead of one per run."""
+        batch: list[tuple[Finished, asyncio.Future[str]]] = []
+        try:
+            while self._finishing:
+                batch = self._finishing[:FINISH_BATCH]
+                del self._finishing[:FINISH_BATCH]
+                try:
+                    outcomes = await self._record_finished([item for item, _ in batch])
+                except Exception:
+                    log.exception("recording the end of %d runs failed unexpectedly", len(batch))
+                    outcomes = {}
+                for item, recorded in batch:
+                    if not recorded.done():
+                        recorded.set_result(outcomes.get((item.job_key, item.token), item.outcome))
+                batch = []
+        finally:
+            self._finisher = None
+            for item, recorded in batch:
+                if not recorded.done():
+                    recorded.set_result(item.outcome)
+
+    async def _record_finished(self, batch: list[Finished]) -> dict[tuple[str, int], str]:
+        """Send one batch (retried on a lost connection); returns each run's recorded outcome."""
+        ordered = sorted(batch, key=lambda f: (f.job_key, f.token))  # one lock order
         for attempt in range(3):
             try:
                 rows = await self.client._fetch(
-                    "sched_finish", params, doing=f"finishing {key!r}", wrote=True
+                    "sched_finish",
+                    finish_params(ordered, channel=self.channel),
+                    doing=f"finishing {len(ordered)} runs",
+                    wrote=True,
                 )
-                matched, _released, recorded_outcome, current, _ = rows[0]
-                recorded = recorded_outcome or outcome
-                if not matched and outcome in ("succeeded", "failed"):
-                    log.warning(
-                        "job %r slot %s finished with token %s after the job was taken over "
-                        "(token %s): recorded as %s",
-                        key,
-                        run.slot.isoformat(),
-                        token,
-                        current,
-                        recorded,
-                        extra=extra,
-                    )
                 break
             except DatabaseUnavailable as exc:
                 if attempt == 2:
-                    log.warning(
-                        "job %r: recording the end of slot %s failed (%s); its lease expires "
-                        "and the slot will be retried",
-                        key,
-                        run.slot.isoformat(),
-                        exc,
-                        extra=extra,
-                    )
-                else:
-                    await asyncio.sleep(0.5)
+                    for f in ordered:
+                        log.warning(
+                            "job %r: recording the end of slot %s failed (%s); its lease "
+                            "expires and the slot will be retried",
+                            f.job_key,
+                            f.slot.isoformat(),
+                            exc,
+                            extra={"job": f.job_key, "token": f.token, "slot": f.slot.isoformat()},
+                        )
+                    return {}
+                await asyncio.sleep(0.5)
             except TenureError as exc:
-                log.warning("job %r: recording the end of a run failed: %s", key, exc, extra=extra)
-                break
+                for f in ordered:
+                    log.warning(
+                        "job %r: recording the end of a run failed: %s",
+                        f.job_key,
+                        exc,
+                        extra={"job": f.job_key, "token": f.token, "slot": f.slot.isoformat()},
+                    )
+                return {}
+        recorded: dict[tuple[str, int], str] = {}
+        by_key = {(f.job_key, f.token): f for f in ordered}
+        for key, token, matched, recorded_outcome, current, _notified in rows:
+            f = by_key[(key, token)]
+            outcome = recorded_outcome or f.outcome
+            recorded[(key, token)] = outcome
+            if not matched and f.outcome in ("succeeded", "failed"):
+                log.warning(
+                    "job %r slot %s finished with token %s after the job was taken over "
+                    "(token %s): recorded as %s",
+                    key,
+                    f.slot.isoformat(),
+                    token,
+                    current,
+                    outcome,
+                    extra={"job": key, "token": token, "slot": f.slot.isoformat()},
+                )
+        return recorded
+
+    def _ended(
+        self, run: Run, done: bool, recorded: str, error: str | None, duration: float
+    ) -> None:
+        key, token = run.claim.job_key, run.claim.token
         # A lease marked lost has already been counted out of tenure_leases_held.
         counted_out = run.lease._lost_reason is not None  # without evaluating the deadline
         run.lease.mark_released()
@@ -530,7 +644,6 @@ class Worker:
         if not counted_out:
             metrics.emit(metrics.RELEASE, key, value=duration)
         metrics.emit(metrics.JOB, key, recorded, duration)
-        extra["outcome"] = recorded
         if recorded in ("lease_lost", "stale_rejected", "cancelled"):
             log.warning(
                 "job %r slot %s token %s: %s (%s)",
@@ -539,9 +652,14 @@ class Worker:
                 token,
                 recorded,
                 error,
-                extra=extra,
+                extra={
+                    "job": key,
+                    "token": token,
+                    "slot": run.slot.isoformat(),
+                    "outcome": recorded,
+                },
             )
-        else:
+        elif log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "job %r slot %s token %s: %s in %.3fs",
                 key,
@@ -549,7 +667,12 @@ class Worker:
                 token,
                 recorded,
                 duration,
-                extra=extra,
+                extra={
+                    "job": key,
+                    "token": token,
+                    "slot": run.slot.isoformat(),
+                    "outcome": recorded,
+                },
             )
         self._running.pop((key, token), None)
         self._wake.set()
@@ -558,6 +681,8 @@ class Worker:
         """Let running jobs finish within the grace, then cancel them and hand them over."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.shutdown_grace
+        if self._starts:  # their runs join the ones below (or their claims are released)
+            await asyncio.wait(set(self._starts), timeout=self.shutdown_grace)
         if self._running and not self._cancel_now:
             log.info(
                 "waiting up to %.1fs for %d running jobs", self.shutdown_grace, len(self._running)

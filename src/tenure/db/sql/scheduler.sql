@@ -25,7 +25,7 @@ WITH incoming AS (
              quarantine_after)
 ), old AS MATERIALIZED (
     SELECT j.job_key, j.cron, j.every, j.timezone, j.ttl, j.misfire, j.misfire_grace,
-           j.on_crash, j.defined_by, j.defined_at, j.app, j.revision
+           j.on_crash, j.defined_by, j.defined_at, j.app, j.revision, j.quarantine_after
     FROM {schema}.scheduled_jobs AS j
     WHERE j.job_key IN (SELECT job_key FROM incoming)
 ), conflicts AS MATERIALIZED (
@@ -40,7 +40,17 @@ WITH incoming AS (
            i.on_crash, clock_timestamp(), %(defined_by)s, i.next_slot, i.quarantine_after,
            %(app)s
     FROM incoming AS i
+    LEFT JOIN old AS o ON o.job_key = i.job_key
     WHERE NOT EXISTS (SELECT 1 FROM conflicts)
+      -- Only new or changed definitions: ON CONFLICT locks the existing row even when its
+      -- WHERE then writes nothing, so an identical one would wait for every claim, start and
+      -- finish holding its row (a worker joining a busy fleet of 100,000s of jobs timed out).
+      AND (o.job_key IS NULL
+           OR (o.cron, o.every, o.timezone, o.ttl, o.misfire, o.misfire_grace, o.on_crash,
+               o.quarantine_after, o.app)
+              IS DISTINCT FROM (i.cron, i.every, i.timezone, i.ttl, i.misfire,
+                                i.misfire_grace, i.on_crash, i.quarantine_after,
+                                %(app)s::text))
     ORDER BY i.job_key
     ON CONFLICT (job_key) DO UPDATE
     SET cron = excluded.cron,
@@ -102,7 +112,8 @@ FROM conflicts AS c;
 -- job_state.token moved in the same statement (strict fencing). claim_token records the
 -- newest claim: the start and finish statements are fenced on it.
 -- A last row (job_key NULL) says when the worker should look again: the next due_at, the
--- earliest expiry of a live lease on a due job, or now if due jobs were left unclaimed.
+-- earliest expiry of a live lease on a due job, or now if due jobs were left unclaimed
+-- (NULL when the batch is full: the worker claims again at once).
 WITH clock AS MATERIALIZED (
     SELECT clock_timestamp() AS now
 ), due AS MATERIALIZED (
@@ -156,7 +167,9 @@ WITH clock AS MATERIALIZED (
     FROM taken AS t
     WHERE j.job_key = t.job_key
 ), ready AS (
-    SELECT least(
+    -- Only when the batch is not full: a worker that got a full batch claims again at once
+    -- without reading it, and under load these scans cost more than the claim itself.
+    SELECT CASE WHEN (SELECT count(*) FROM taken) < %(limit)s THEN least(
         (SELECT min(j.due_at) FROM {schema}.scheduled_jobs AS j
          WHERE NOT j.paused AND j.due_at > c.now
            AND j.job_key <> ALL (%(exclude)s::text[])
@@ -176,7 +189,7 @@ WITH clock AS MATERIALIZED (
                SELECT 1 FROM {schema}.job_leases AS l
                WHERE l.job_key = j.job_key AND l.lease_until >= c.now)
          LIMIT 1)
-    ) AS ready_at, c.now
+    ) END AS ready_at, c.now
     FROM clock AS c
 )
 SELECT t.job_key, t.lease_owner, t.fencing_token, t.lease_until, d.cron, d.every, d.timezone,
@@ -202,16 +215,15 @@ FROM ready AS r;
 -- (computed from the claimed row, which only fenced statements change); a plan with a
 -- quarantine reason pauses the job with it.
 WITH plan AS (
+    -- One JSON array of objects for the batch: psycopg dumps a str in C, where 14 typed
+    -- array parameters were dumped element by element in Python (a fifth of the worker's
+    -- CPU, see bench/README.md).
     SELECT *
-    FROM unnest(%(keys)s::text[], %(tokens)s::bigint[], %(owners)s::uuid[],
-                %(revisions)s::integer[], %(run_slots)s::timestamptz[],
-                %(run_kinds)s::text[], %(attempts)s::integer[],
-                %(next_slots)s::timestamptz[], %(done_slots)s::timestamptz[],
-                %(triggers)s::timestamptz[], %(prior_tokens)s::bigint[],
-                %(prior_errors)s::text[], %(crash_streaks)s::integer[],
-                %(quarantines)s::text[])
-        AS p(job_key, token, owner, revision, run_slot, run_kind, attempt, next_slot,
-             done_slot, trigger_at, prior_token, prior_error, crash_streak, quarantine)
+    FROM json_to_recordset(%(plan)s::json)
+        AS p(job_key text, token bigint, owner uuid, revision integer, run_slot timestamptz,
+             run_kind text, attempt integer, next_slot timestamptz, done_slot timestamptz,
+             trigger_at timestamptz, prior_token bigint, prior_error text,
+             crash_streak integer, quarantine text)
 ), job AS (
     UPDATE {schema}.scheduled_jobs AS j
     SET crash_streak = p.crash_streak,
@@ -244,10 +256,8 @@ WITH plan AS (
         (job_key, slot, kind, token, worker_id, host, pid, finished_at, outcome, error)
     SELECT s.job_key, s.slot, s.kind, s.token, %(worker)s, %(host)s, %(pid)s,
            clock_timestamp(), s.outcome, s.error
-    FROM unnest(%(skip_keys)s::text[], %(skip_slots)s::timestamptz[],
-                %(skip_tokens)s::bigint[], %(skip_kinds)s::text[],
-                %(skip_outcomes)s::text[], %(skip_errors)s::text[])
-        AS s(job_key, slot, token, kind, outcome, error)
+    FROM json_to_recordset(%(skipped)s::json)
+        AS s(job_key text, slot timestamptz, token bigint, kind text, outcome text, error text)
     WHERE s.job_key IN (SELECT job_key FROM job)
 ), run AS (
     INSERT INTO {schema}.job_runs
@@ -282,53 +292,65 @@ WHERE l.job_key = u.job_key AND l.fencing_token = u.token AND l.lease_owner = u.
 RETURNING l.job_key;
 
 -- name: sched_finish
--- End one run and release its lease, in one statement. %(done)s: the slot is finished (the
--- run succeeded or failed with its lease intact): running_slot is cleared and done_slot
--- moves forward, so the slot never runs again. Not done (lease lost, cancelled at shutdown):
+-- End a batch of runs and release their leases, in one statement (the worker's finisher
+-- sends whatever finished while its previous batch was in flight). Per run: done (the run
+-- succeeded or failed with its lease intact): running_slot is cleared and done_slot moves
+-- forward, so the slot never runs again. Not done (lease lost, cancelled at shutdown):
 -- running_slot stays, the lease is released and peers are notified, so another worker
 -- retries the slot at once with a higher token. Fenced on claim_token: a worker whose claim
 -- was taken over cannot clear its successor's slot; its own history row still gets its
--- outcome, with a run that "succeeded" after losing its job recorded as lease_lost.
-WITH job AS (
+-- outcome, with a run that "succeeded" after losing its job recorded as lease_lost. One row
+-- back per run: matched (the fence held), the recorded outcome, the job's current claim.
+WITH f AS MATERIALIZED (
+    SELECT *
+    FROM json_to_recordset(%(runs)s::json)
+        AS f(job_key text, token bigint, owner uuid, slot timestamptz, kind text,
+             done boolean, outcome text, error text)
+), job AS (
     UPDATE {schema}.scheduled_jobs AS j
-    SET running_slot = CASE WHEN %(done)s::boolean THEN NULL ELSE j.running_slot END,
-        running_kind = CASE WHEN %(done)s::boolean THEN NULL ELSE j.running_kind END,
-        running_token = CASE WHEN %(done)s::boolean THEN NULL ELSE j.running_token END,
-        running_attempt = CASE WHEN %(done)s::boolean THEN NULL ELSE j.running_attempt END,
-        done_slot = CASE WHEN %(done)s::boolean AND %(kind)s::text <> 'manual'
-                         THEN greatest(j.done_slot, %(slot)s::timestamptz)
-                         ELSE j.done_slot END,
+    SET running_slot = CASE WHEN f.done THEN NULL ELSE j.running_slot END,
+        running_kind = CASE WHEN f.done THEN NULL ELSE j.running_kind END,
+        running_token = CASE WHEN f.done THEN NULL ELSE j.running_token END,
+        running_attempt = CASE WHEN f.done THEN NULL ELSE j.running_attempt END,
+        done_slot = CASE WHEN f.done AND f.kind <> 'manual'
+                         THEN greatest(j.done_slot, f.slot) ELSE j.done_slot END,
         -- This run recorded its end: its worker was not gone.
         crash_streak = 0
-    WHERE j.job_key = %(job_key)s AND j.claim_token = %(token)s
-      AND j.running_token = %(token)s
-    RETURNING j.job_key
+    FROM f
+    WHERE j.job_key = f.job_key AND j.claim_token = f.token AND j.running_token = f.token
+    RETURNING j.job_key, f.token
 ), released AS (
-    UPDATE {schema}.job_leases
+    UPDATE {schema}.job_leases AS l
     SET lease_until = clock_timestamp()
-    WHERE job_key = %(job_key)s AND lease_owner = %(owner)s AND fencing_token = %(token)s
-      AND lease_until >= clock_timestamp()
-    RETURNING fencing_token
+    FROM f
+    WHERE l.job_key = f.job_key AND l.lease_owner = f.owner AND l.fencing_token = f.token
+      AND l.lease_until >= clock_timestamp()
+    RETURNING l.job_key
 ), run AS (
     UPDATE {schema}.job_runs AS r
     SET outcome = CASE
-            WHEN EXISTS (SELECT 1 FROM job) OR %(outcome)s::text NOT IN ('succeeded', 'failed')
-            THEN %(outcome)s::text ELSE 'lease_lost' END,
+            WHEN (f.job_key, f.token) IN (SELECT job_key, token FROM job)
+                 OR f.outcome NOT IN ('succeeded', 'failed')
+            THEN f.outcome ELSE 'lease_lost' END,
         error = CASE
-            WHEN EXISTS (SELECT 1 FROM job) OR %(outcome)s::text NOT IN ('succeeded', 'failed')
-            THEN %(error)s::text
-            ELSE concat_ws('; ', %(error)s::text, 'the run ended after another worker took the job '
-                                            'over (its writes with this token are fenced)')
+            WHEN (f.job_key, f.token) IN (SELECT job_key, token FROM job)
+                 OR f.outcome NOT IN ('succeeded', 'failed')
+            THEN f.error
+            ELSE concat_ws('; ', f.error, 'the run ended after another worker took the job '
+                                         'over (its writes with this token are fenced)')
             END,
         finished_at = clock_timestamp()
-    WHERE r.job_key = %(job_key)s AND r.token = %(token)s AND r.started_at IS NOT NULL
-    RETURNING r.outcome
+    FROM f
+    WHERE r.job_key = f.job_key AND r.token = f.token AND r.started_at IS NOT NULL
+    RETURNING r.job_key, r.token, r.outcome
 )
-SELECT (SELECT count(*) FROM job) AS matched,
-       (SELECT count(*) FROM released) AS released,
-       (SELECT outcome FROM run) AS outcome,
-       (SELECT claim_token FROM {schema}.scheduled_jobs WHERE job_key = %(job_key)s) AS current,
-       CASE WHEN NOT %(done)s::boolean THEN pg_notify(%(channel)s, %(job_key)s)::text END AS notified;
+SELECT f.job_key, f.token,
+       (f.job_key, f.token) IN (SELECT job_key, token FROM job) AS matched,
+       run.outcome, s.claim_token AS current,
+       CASE WHEN NOT f.done THEN pg_notify(%(channel)s, f.job_key)::text END AS notified
+FROM f
+LEFT JOIN run ON run.job_key = f.job_key AND run.token = f.token
+LEFT JOIN {schema}.scheduled_jobs AS s ON s.job_key = f.job_key;
 
 -- name: sched_notify
 SELECT pg_notify(%(channel)s, %(payload)s)::text;

@@ -257,9 +257,11 @@ class AsyncLease:
             await join(worker)
 
     async def _renew_loop(self) -> None:
-        """Renew every ttl/3; after an error, retry sooner until the local deadline."""
+        """Renew every ttl/3 from the acquire; after an error, retry sooner until the local
+        deadline. Counting from the acquire lets a holder start the keeper late (the
+        scheduler does, for runs that outlive ttl/3): the first renewal is then due at once."""
         interval = self.ttl / 3
-        next_at = monotonic() + interval
+        next_at = self._acquired_mono + interval
         while not await wait_event(self._stop, next_at - monotonic()):
             try:
                 await self.renew()

@@ -1,0 +1,287 @@
+#!/usr/bin/env python
+"""Scale-out: runs per second, slot lateness and skipped slots for 1, 2 and 4 worker
+processes, with no-op jobs every second, every minute and on a cron, printed as one table.
+
+    python bench/bench_scale.py                       # 2,000/s asked; 1, 2, 4 workers; 1s, 1m, cron
+    python bench/bench_scale.py --rates 5000 10000 --workers 2 --schedules 1s
+    python bench/bench_scale.py --compare HEAD~3      # each row also on an older commit
+    python bench/bench_scale.py --quick               # 500 runs/s, 1s and 1m, 15 s windows
+
+A row asks for ``rate`` runs per second: ``rate`` jobs ``every="1s"``, ``rate * 60`` jobs
+``every="60s"`` (their slots spread over the minute by the job key's phase), or ``rate * 60``
+jobs on ``cron="* * * * *"`` (all due at the top of each minute: a burst). No job-count cap:
+the count follows the rate. Everything is read from ``job_runs`` by the database clock, for
+the slots in the window (after a warm-up):
+
+* ``runs/s``: runs that started, divided by the window; for ``cron``, the window is one
+  minute's burst (slots from 2 s before the minute to 59.5 s after) and runs/s is its runs
+  divided by the lateness of the last one to start (its drain rate);
+* ``late p50/p99/max``: ``started_at - slot`` of those runs, in ms;
+* ``skipped``: slots recorded as misfire-skipped (every skipped slot gets a history row);
+* ``behind``: slots due in the window with neither a run nor a skip row when the window
+  ended (the backlog of a saturated worker, recorded as skipped or run later);
+* ``dupes``: slots run twice. Anything but 0 is a failure: the script exits 1;
+* ``saturated``: the workers' "saturated" log lines (see ``tenure.scheduler.worker``).
+
+``--compare REF`` runs every row twice, back to back: once with the workers importing tenure
+from ``git archive REF`` (side ``before``), once with this checkout (``after``, or
+``--after REF``), so both sides see the same load. The workers run with ``PYTHONPATH`` set to
+the unpacked ``src/``, which comes before the editable install of this checkout. Each row
+uses its own database, ``tenure_scale_<random>``, dropped after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import itertools
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from bench_scheduler import HERE, Workers, migrate, pick_dsn
+
+SCHEMA = "scale"
+SCHEDULES = {
+    "1s": ("every", "1s", 1),
+    "1m": ("every", "60s", 60),
+    "cron": ("cron", "* * * * *", 60),
+}
+
+
+def source_tree(ref: str, into: Path) -> Path:
+    """``git archive REF src`` unpacked into ``into``; returns the directory to put on the path."""
+    repo = HERE.parent
+    into.mkdir(parents=True, exist_ok=True)
+    tar_path = into / "src.tar"
+    with open(tar_path, "wb") as out:
+        subprocess.run(["git", "archive", ref, "src"], cwd=repo, stdout=out, check=True)
+    with tarfile.open(tar_path) as tar:
+        tar.extractall(into, filter="data")
+    return into / "src"
+
+
+def worker_env(
+    dsn: str, schedule: str, jobs: int, args: argparse.Namespace, src: Path | None
+) -> dict[str, str]:
+    kind, value, _period = SCHEDULES[schedule]
+    env = dict(os.environ)
+    env.pop("DATABASE_URL", None)
+    env.update(
+        TENURE_DSN=dsn,
+        TENURE_SCHEMA=SCHEMA,
+        TENURE_LOG_LEVEL="info",
+        BENCH_JOBS=str(jobs),
+        BENCH_MODE="load",
+        BENCH_CONCURRENCY=str(args.concurrency),
+        BENCH_ASYNC="1" if args.async_jobs else "0",
+        BENCH_CRON=value if kind == "cron" else "",
+        BENCH_EVERY=value if kind == "every" else "",
+    )
+    if src is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(src), env.get("PYTHONPATH", "")]).rstrip(
+            os.pathsep
+        )
+    return env
+
+
+def expected_slots(schedule: str, jobs: int, start: dt.datetime, end: dt.datetime) -> int:
+    """Slots of the row's jobs in [start, end), from tenure's own schedule code."""
+    from tenure.scheduler.schedules import Schedule
+
+    kind, value, _period = SCHEDULES[schedule]
+    total = 0
+    for i in range(jobs):
+        key = f"job-{i:05d}"
+        if kind == "cron":
+            s = Schedule.build(key, cron=value)
+        else:
+            s = Schedule.build(key, every=dt.timedelta(seconds=SCHEDULES[schedule][2]))
+        slot = s.next_after(start - dt.timedelta(microseconds=1))
+        while slot < end:
+            total += 1
+            slot = s.next_after(slot)
+    return total
+
+
+def measure(
+    base: str,
+    rate: int,
+    workers: int,
+    schedule: str,
+    args: argparse.Namespace,
+    src: Path | None,
+    logdir: Path,
+    tag: str,
+) -> dict[str, Any]:
+    jobs = rate * SCHEDULES[schedule][2]
+    window = args.duration if SCHEDULES[schedule][2] == 1 else max(args.duration, 65.0)
+    dbname = f"tenure_scale_{secrets.token_hex(4)}"
+    dsn = make_conninfo(base, dbname=dbname)
+    with psycopg.connect(base, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
+    try:
+        migrate(dsn, SCHEMA)
+        # --stagger: one after another (a worker registering 100,000s of jobs while another
+        # claims them may wait on row locks past the 5 s statement timeout; so may several
+        # registering at once).
+        env = worker_env(dsn, schedule, jobs, args, src)
+        procs = Workers(workers, env, logdir, tag, stagger=args.stagger)
+        try:
+            procs.wait_started(timeout=300)
+            time.sleep(args.warmup)
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                if SCHEDULES[schedule][0] == "cron":
+                    # One burst: slots from 2 s before a minute to 59.5 s after it (the
+                    # window's end minus 1 s; the next minute's slots fall outside).
+                    (to_minute,) = conn.execute(
+                        "SELECT 60 - extract(epoch FROM clock_timestamp())::numeric % 60"
+                    ).fetchone() or (60,)
+                    time.sleep(max(0.0, float(to_minute) - 2.0) % 60)
+                    window = 62.5
+                (t0,) = conn.execute("SELECT clock_timestamp()").fetchone() or (None,)
+                time.sleep(window)
+                (t1,) = conn.execute("SELECT clock_timestamp()").fetchone() or (None,)
+        finally:
+            codes = procs.stop()
+        end = t1 - dt.timedelta(seconds=1)
+        seconds = (end - t0).total_seconds()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            q = sql.SQL(
+                """
+                SELECT count(*) FILTER (WHERE started_at IS NOT NULL),
+                       count(*) FILTER (WHERE started_at IS NOT NULL)
+                           - count(DISTINCT (job_key, slot)) FILTER (WHERE started_at IS NOT NULL),
+                       count(*) FILTER (WHERE outcome = 'misfire_skipped'),
+                       percentile_cont(0.5) WITHIN GROUP (
+                           ORDER BY extract(epoch FROM started_at - slot)),
+                       percentile_cont(0.99) WITHIN GROUP (
+                           ORDER BY extract(epoch FROM started_at - slot)),
+                       max(extract(epoch FROM started_at - slot)),
+                       count(DISTINCT (job_key, slot))
+                FROM {schema}.job_runs
+                WHERE slot >= %s AND slot < %s AND kind = 'scheduled'
+                  AND (started_at IS NULL OR started_at <= %s)
+                """
+            ).format(schema=sql.Identifier(SCHEMA))
+            row = conn.execute(q, (t0, end, t1)).fetchone()
+            assert row is not None
+            runs, dupes, skipped, p50, p99, worst, seen = row
+    finally:
+        with psycopg.connect(base, autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname))
+            )
+    kept = None
+    if any(code != 0 for code in codes):  # keep the logs of a worker that did not stop cleanly
+        kept = Path(tempfile.mkdtemp(prefix=f"tenure-scale-{tag}-"))
+        for log in procs.logs:
+            shutil.copy(log, kept)
+    expected = expected_slots(schedule, jobs, t0, end)
+    saturated = sum(
+        1
+        for log in procs.logs
+        for line in log.read_text(errors="replace").splitlines()
+        if " saturated" in line
+    )
+    return {
+        "rate": rate,
+        "workers": workers,
+        "schedule": schedule,
+        "jobs": jobs,
+        "window_s": round(seconds, 1),
+        "expected": expected,
+        "runs": runs,
+        # cron: the burst's drain rate (its runs over the time to start the last of them)
+        "runs_per_s": round(
+            runs / (float(worst) if SCHEDULES[schedule][0] == "cron" and worst else seconds), 1
+        ),
+        "skipped": skipped,
+        "behind": max(0, expected - seen),
+        "dupes": dupes,
+        "p50_ms": round(float(p50 or 0) * 1000, 1),
+        "p99_ms": round(float(p99 or 0) * 1000, 1),
+        "max_ms": round(float(worst or 0) * 1000, 1),
+        "saturated_lines": saturated,
+        "exit_codes": codes,
+        "logs": None if kept is None else str(kept),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dsn", help="PostgreSQL DSN (default: $TENURE_DSN, else local)")
+    parser.add_argument("--rates", type=int, nargs="+", default=[2000], help="runs/s asked")
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--schedules", nargs="+", default=list(SCHEDULES), choices=list(SCHEDULES))
+    parser.add_argument("--concurrency", type=int, default=128, help="--concurrency per worker")
+    parser.add_argument("--duration", type=float, default=30.0, help="window, s (65+ for 1m/cron)")
+    parser.add_argument("--warmup", type=float, default=5.0, help="seconds before the window")
+    parser.add_argument("--async-jobs", action="store_true", help="async no-op jobs")
+    parser.add_argument("--compare", metavar="REF", help="also run each row on git REF's src/")
+    parser.add_argument("--after", metavar="REF", help="the after side from git REF's src/")
+    parser.add_argument("--stagger", action="store_true", help="start workers one at a time")
+    parser.add_argument("--quick", action="store_true", help="500 runs/s, 1s and 1m, 15 s")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    args = parser.parse_args()
+    if args.quick:
+        args.rates, args.duration, args.schedules = [500], 15.0, ["1s", "1m"]
+    base = pick_dsn(args.dsn)
+    say = (lambda *a, **k: None) if args.json else print
+    load = [os.getloadavg()]
+    results: list[dict[str, Any]] = []
+    failed = False
+    with tempfile.TemporaryDirectory(prefix="tenure-scale-") as tmp:
+        after = None
+        if args.after:  # a fixed commit: the checkout may change while the rows run
+            after = source_tree(args.after, Path(tmp) / "after")
+        sides: list[tuple[str, Path | None]] = [("after", after)]
+        if args.compare:
+            sides.insert(0, ("before", source_tree(args.compare, Path(tmp) / "before")))
+        rows = itertools.product(args.rates, args.schedules, args.workers)
+        for n, (rate, schedule, workers) in enumerate(rows):
+            for side, src in sides:
+                say(f"{side}: {rate}/s asked, {schedule}, {workers} workers ...", flush=True)
+                result = measure(base, rate, workers, schedule, args, src, Path(tmp), f"{n}-{side}")
+                result["side"] = side
+                result["load"] = [round(x, 2) for x in os.getloadavg()]
+                results.append(result)
+                failed = failed or result["dupes"] > 0
+                say("   ", json.dumps(result, default=str), flush=True)
+    load.append(os.getloadavg())
+    if args.json:
+        print(json.dumps({"rows": results, "load": load}, indent=2, default=str))
+    else:
+        head = (
+            "| side | asked/s | schedule | workers | jobs | runs/s | late p50 / p99 / max ms "
+            "| skipped | behind | dupes | saturated lines | load 1m |"
+        )
+        print()
+        print(head)
+        print("|" + "---|" * (head.count("|") - 1))
+        for r in results:
+            print(
+                f"| {r['side']} | {r['rate']:,} | {r['schedule']} | {r['workers']} | "
+                f"{r['jobs']:,} | {r['runs_per_s']:,} | {r['p50_ms']:,} / {r['p99_ms']:,} / "
+                f"{r['max_ms']:,} | {r['skipped']:,} | {r['behind']:,} | {r['dupes']} | "
+                f"{r['saturated_lines']} | {r['load'][0]} |"
+            )
+        print(f"\nload average at start {load[0]}, at end {load[-1]}")
+        print("check", "FAILED (a slot ran twice)" if failed else "ok")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
