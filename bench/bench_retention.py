@@ -14,7 +14,7 @@ replaced), three things run at once, each on its own connection:
 * the run loop: one run after another, as a worker records it: the lease takeover
   (``client.acquire``), the run's start record (INSERT into job_runs) and its finish
   (UPDATE), then the release; its latency per run is what a claim pays;
-* the pruner: :func:`tenure.db.retention.prune` over every table every ``--prune-every``
+* the pruner: :func:`tenure.db.pruning.prune` over every table every ``--prune-every``
   seconds (default 10; a worker's is 600 s against a 7-day retention), batches of 5,000.
 
 Deleted rows' space is reused once VACUUM has passed: autovacuum's job on a real server. A
@@ -49,6 +49,7 @@ import psycopg
 from psycopg import sql
 
 import tenure
+from tenure.db import pruning
 from tenure.db import retention as rt
 from tenure.observability.status import overview
 
@@ -212,7 +213,7 @@ def pruner(
         while not state.stop.is_set():
             if state.prune_on.is_set():
                 state.activity = "deleting"
-                counts = rt.prune(client, policy)
+                counts = pruning.prune(client, policy)
                 state.activity = ""
                 with state.lock:
                     state.pruned += sum(counts.values())

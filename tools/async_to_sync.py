@@ -142,6 +142,8 @@ RENAMES: dict[str, str] = {
     "counts_async": "counts",
     "retry_async": "retry",
     "purge_async": "purge",
+    "prune_async": "prune",
+    "AsyncFetcher": "Fetcher",
     "aspawn": "spawn",
     # typing / collections.abc / contextlib / builtins
     "AsyncIterator": "Iterator",

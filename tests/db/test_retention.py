@@ -16,6 +16,7 @@ import pytest
 from psycopg import sql
 
 import tenure
+from tenure.db import pruning
 from tenure.db import retention as rt
 from tenure.exec.slots import record_slot, slot_state
 from tenure.scheduler import background
@@ -95,20 +96,20 @@ def test_each_table_is_pruned_by_age_in_bounded_batches(
     seed(dsn, schema, table, 25, old)
     seed(dsn, schema, table, 2, NEW, key="new")
     # One statement deletes one batch, however much is due.
-    first = rt.prune(client, POLICY, tables=[table], batch=10, max_batches=1)
+    first = pruning.prune(client, POLICY, tables=[table], batch=10, max_batches=1)
     assert first == {table: 10}
     assert count(dsn, schema, table) == 17
     # A pass repeats batches until one comes back short; the young rows stay.
-    assert rt.prune(client, POLICY, tables=[table], batch=10, pause=0) == {table: 15}
+    assert pruning.prune(client, POLICY, tables=[table], batch=10, pause=0) == {table: 15}
     assert count(dsn, schema, table) == 2
-    assert rt.prune(client, POLICY, tables=[table], batch=10) == {table: 0}
+    assert pruning.prune(client, POLICY, tables=[table], batch=10) == {table: 0}
 
 
 def test_dry_run_counts_without_deleting(client: tenure.Client, dsn: str, schema: str) -> None:
     for table in rt.NAMES:
         seed(dsn, schema, table, 3, "40 days")
         seed(dsn, schema, table, 1, NEW, key="new")
-    assert rt.preview(client, POLICY) == dict.fromkeys(rt.NAMES, 3)
+    assert pruning.preview(client, POLICY) == dict.fromkeys(rt.NAMES, 3)
     assert all(count(dsn, schema, t) == 4 for t in rt.NAMES)
 
 
@@ -132,7 +133,7 @@ def test_never_a_running_run(client: tenure.Client, dsn: str, schema: str) -> No
     run(dsn, schema, insert, ("live", lease.token))
     run(dsn, schema, insert, ("live", lease.token - 1 if lease.token > 1 else 10**9))
     run(dsn, schema, insert, ("gone", 1))
-    counts = rt.prune(client, POLICY, tables=["job_runs", "exec_runs"])
+    counts = pruning.prune(client, POLICY, tables=["job_runs", "exec_runs"])
     assert counts == {"job_runs": 0, "exec_runs": 2}
     assert run(dsn, schema, "SELECT job_key, token, outcome FROM {schema}.exec_runs") == [
         ("live", lease.token, "running")
@@ -160,7 +161,7 @@ def test_never_a_slot_that_can_still_be_asked_for(
         "VALUES ('monthly', 'open', 1, now() - interval '1 year', now() + interval '1 day')",
     )
     seed(dsn, schema, "exec_slots", 1, OLD, key="closed")
-    assert rt.prune(client, POLICY, tables=["exec_slots"]) == {"exec_slots": 1}
+    assert pruning.prune(client, POLICY, tables=["exec_slots"]) == {"exec_slots": 1}
     assert {r[0] for r in run(dsn, schema, "SELECT job_key FROM {schema}.exec_slots")} == {
         "named",
         "monthly",
@@ -204,7 +205,7 @@ def test_never_an_undelivered_or_dead_message(client: tenure.Client, dsn: str, s
             (state, state),
         )
     seed(dsn, schema, "outbox", 1, OLD)
-    assert rt.prune(client, POLICY, tables=["outbox"]) == {"outbox": 1}
+    assert pruning.prune(client, POLICY, tables=["outbox"]) == {"outbox": 1}
     assert sorted(r[0] for r in run(dsn, schema, "SELECT state FROM {schema}.outbox")) == [
         "dead",
         "pending",
@@ -224,11 +225,11 @@ def test_never_an_inbox_claim_a_redelivery_could_need(
     )
     seed(dsn, schema, "inbox", 3, "60 days", key="before")
     seed(dsn, schema, "inbox", 2, "40 days", key="after")
-    assert rt.prune(client, POLICY, tables=["inbox"]) == {"inbox": 3}
+    assert pruning.prune(client, POLICY, tables=["inbox"]) == {"inbox": 3}
     assert count(dsn, schema, "inbox") == 2
     # Once the message is delivered (or purged), nothing can redeliver it: age alone decides.
     run(dsn, schema, "UPDATE {schema}.outbox SET state = 'delivered', delivered_at = now()")
-    assert rt.prune(client, POLICY, tables=["inbox"]) == {"inbox": 2}
+    assert pruning.prune(client, POLICY, tables=["inbox"]) == {"inbox": 2}
 
 
 def test_never_a_lease(client: tenure.Client, dsn: str, schema: str) -> None:
@@ -239,7 +240,7 @@ def test_never_a_lease(client: tenure.Client, dsn: str, schema: str) -> None:
     run(dsn, schema, "UPDATE {schema}.job_leases SET acquired_at = now() - interval '1 year'")
     for table in rt.NAMES:
         seed(dsn, schema, table, 2, "40 days")
-    rt.prune(client, rt.Retention.of("1s", "1d"))
+    pruning.prune(client, rt.Retention.of("1s", "1d"))
     assert [i.job_key for i in client.leases()] == ["expired", "held"]
     assert count(dsn, schema, "job_state") == 2
     held.release()
@@ -258,9 +259,9 @@ def test_pruning_skips_locked_rows_instead_of_waiting(
                 sql.Identifier(schema)
             )
         )
-        assert rt.prune(client, POLICY, tables=["exec_runs"]) == {"exec_runs": 2}
+        assert pruning.prune(client, POLICY, tables=["exec_runs"]) == {"exec_runs": 2}
         other.rollback()
-    assert rt.prune(client, POLICY, tables=["exec_runs"]) == {"exec_runs": 1}
+    assert pruning.prune(client, POLICY, tables=["exec_runs"]) == {"exec_runs": 1}
 
 
 @pytest.mark.parametrize(
@@ -283,9 +284,9 @@ def test_bad_retention_is_refused(history: Any, inbox: Any, error: type[Exceptio
 
 def test_a_bad_batch_is_refused(client: tenure.Client) -> None:
     with pytest.raises(tenure.InvalidArgument):
-        rt.prune(client, POLICY, batch=0)
+        pruning.prune(client, POLICY, batch=0)
     with pytest.raises(tenure.InvalidArgument):
-        rt.prune(client, POLICY, tables=["job_leases"])
+        pruning.prune(client, POLICY, tables=["job_leases"])
 
 
 def test_relay_refuses_a_bad_retention(dsn: str, schema: str) -> None:

@@ -82,15 +82,16 @@ def prune(
     or dead outbox message, an inbox claim a redelivery could still need, any lease.
     """
     setup_logs(log_level, log_format)
+    from ..db import pruning
     from ..db import retention as rt
 
     policy = rt.Retention.of(older_than, inbox_older_than)
     chosen = tables or rt.NAMES
     with connect(dsn, schema) as client:
         if dry_run:
-            counts = {k: v for k, v in rt.preview(client, policy).items() if k in chosen}
+            counts = {k: v for k, v in pruning.preview(client, policy).items() if k in chosen}
         else:
-            counts = rt.prune(client, policy, tables=chosen, batch=batch)
+            counts = pruning.prune(client, policy, tables=chosen, batch=batch)
     if as_json:
         click.echo(
             json.dumps(

@@ -27,19 +27,13 @@ between, until a batch comes back short.
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
-import logging
-import random
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..errors import InvalidArgument, TenureError
+from ..errors import InvalidArgument
 from ..validation import Duration, check_int, parse_duration
-
-log = logging.getLogger("tenure.retention")
 
 #: Default age after which history (run histories, completed slots, delivered messages) goes.
 DEFAULT_RETENTION = "7d"
@@ -131,7 +125,7 @@ class Fetcher(Protocol):
     ) -> list[tuple[Any, ...]]: ...
 
 
-def _tables(names: Iterable[str]) -> list[Table]:
+def tables_named(names: Iterable[str]) -> list[Table]:
     wanted = set(names)
     unknown = wanted - set(NAMES)
     if unknown:
@@ -139,141 +133,12 @@ def _tables(names: Iterable[str]) -> list[Table]:
     return [t for t in TABLES if t.name in wanted]
 
 
-def _check_batch(batch: int) -> int:
+def check_batch(batch: int) -> int:
     return check_int(batch, what="batch", minimum=1, maximum=MAX_BATCH)
 
 
-def _deleted(rows: list[tuple[Any, ...]]) -> int:
+def deleted(rows: list[tuple[Any, ...]]) -> int:
     return int(rows[0][0]) if rows else 0
-
-
-async def prune_async(
-    client: AsyncFetcher,
-    retention: Retention,
-    *,
-    tables: Iterable[str] = NAMES,
-    batch: int = BATCH,
-    pause: float = PAUSE,
-    max_batches: int | None = None,
-    failed: dict[str, TenureError] | None = None,
-) -> dict[str, int]:
-    """One pass: per table, delete batch after batch of rows past the retention until a
-    batch comes back short (or ``max_batches``). Returns the rows deleted per table.
-
-    ``failed``: collect a table's error there and go on with the next table (a role without
-    DELETE on it, a schema not migrated yet) instead of raising."""
-    batch = _check_batch(batch)
-    counts: dict[str, int] = {}
-    for table in _tables(tables):
-        total = batches = 0
-        try:
-            while True:
-                rows = await client._fetch(
-                    table.query,
-                    retention.params(table, batch),
-                    doing=f"pruning {table.name}",
-                    wrote=True,
-                )
-                deleted = _deleted(rows)
-                total += deleted
-                batches += 1
-                if deleted < batch or (max_batches is not None and batches >= max_batches):
-                    break
-                await asyncio.sleep(pause)
-        except TenureError as exc:
-            if failed is None:
-                raise
-            failed[table.name] = exc
-        counts[table.name] = total
-    return counts
-
-
-def prune(
-    client: Fetcher,
-    retention: Retention,
-    *,
-    tables: Iterable[str] = NAMES,
-    batch: int = BATCH,
-    pause: float = PAUSE,
-    max_batches: int | None = None,
-    failed: dict[str, TenureError] | None = None,
-) -> dict[str, int]:
-    """:func:`prune_async` for a synchronous client."""
-    batch = _check_batch(batch)
-    counts: dict[str, int] = {}
-    for table in _tables(tables):
-        total = batches = 0
-        try:
-            while True:
-                rows = client._fetch(
-                    table.query,
-                    retention.params(table, batch),
-                    doing=f"pruning {table.name}",
-                    wrote=True,
-                )
-                deleted = _deleted(rows)
-                total += deleted
-                batches += 1
-                if deleted < batch or (max_batches is not None and batches >= max_batches):
-                    break
-                time.sleep(pause)
-        except TenureError as exc:
-            if failed is None:
-                raise
-            failed[table.name] = exc
-        counts[table.name] = total
-    return counts
-
-
-def preview(client: Fetcher, retention: Retention) -> dict[str, int]:
-    """How many rows a pass would delete now, per table (``tenure prune --dry-run``)."""
-    rows = client._fetch(
-        "retention_preview",
-        {
-            "retention": dt.timedelta(seconds=retention.history),
-            "inbox_retention": dt.timedelta(seconds=retention.inbox),
-        },
-        doing="counting the rows retention would prune",
-    )
-    return dict(zip(NAMES, (int(n) for n in rows[0]), strict=True))
-
-
-def describe(counts: dict[str, int]) -> str:
-    return ", ".join(f"{name} {n}" for name, n in counts.items())
-
-
-async def prune_forever(
-    client: AsyncFetcher, retention: Retention, *, tables: Iterable[str], who: str
-) -> None:
-    """Every :data:`EVERY` seconds (the first time at a random moment within
-    :data:`FIRST_WITHIN` seconds, so processes started together do not prune together), a
-    pass over ``tables``. Failures are logged, once per table and reason, and retried at the
-    next pass; they never stop the process."""
-    names = tuple(tables)
-    warned: dict[str, str] = {}
-    await asyncio.sleep(random.uniform(1.0, FIRST_WITHIN))
-    while True:
-        failed: dict[str, TenureError] = {}
-        try:
-            counts = await prune_async(client, retention, tables=names, failed=failed)
-        except TenureError as error:  # a bad batch size; per-table errors are collected
-            failed["*"] = error
-            counts = {}
-        if any(counts.values()):
-            log.info(
-                "%s pruned history older than %s (inbox %s): %s",
-                who,
-                age_text(retention.history),
-                age_text(retention.inbox),
-                describe(counts),
-            )
-        for name, problem in failed.items():
-            level = logging.DEBUG if warned.get(name) == str(problem) else logging.WARNING
-            log.log(
-                level, "%s could not prune %s (retried in %.0fs): %s", who, name, EVERY, problem
-            )
-            warned[name] = str(problem)
-        await asyncio.sleep(EVERY * random.uniform(0.9, 1.1))
 
 
 def age_text(seconds: float) -> str:
@@ -295,9 +160,4 @@ __all__ = [
     "WORKER_TABLES",
     "Retention",
     "age_text",
-    "describe",
-    "preview",
-    "prune",
-    "prune_async",
-    "prune_forever",
 ]

@@ -99,7 +99,8 @@ def prune_history(client: Client, retention: float) -> None:
     seconds (see :mod:`tenure.db.retention`), for at most :data:`WAIT` seconds. Quiet: a
     role without DELETE on the history (or a schema not migrated yet) is logged at debug
     level, and the run's outcome stands regardless."""
-    from ..db.retention import EXEC_TABLES, Retention, describe, prune
+    from ..db.pruning import describe, prune
+    from ..db.retention import EXEC_TABLES, Retention
     from ..errors import TenureError
 
     def run() -> None:

@@ -65,12 +65,12 @@ import psycopg
 from psycopg import AsyncConnection, sql
 
 from .. import metrics
+from ..db.pruning import prune_forever
 from ..db.retention import (
     DEFAULT_INBOX_RETENTION,
     DEFAULT_RETENTION,
     RELAY_TABLES,
     Retention,
-    prune_forever,
 )
 from ..db.timeouts import CONNECTION_KWARGS
 from ..errors import ConfigurationError, DatabaseError, InvalidArgument, SchemaNotReady

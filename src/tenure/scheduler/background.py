@@ -12,7 +12,8 @@ import psycopg
 from psycopg import sql
 
 from ..db.dsn import resolve
-from ..db.retention import BATCH, PAUSE, WORKER_TABLES, Retention, prune_async, prune_forever
+from ..db.pruning import prune_async, prune_forever
+from ..db.retention import BATCH, PAUSE, WORKER_TABLES, Retention
 from ..db.timeouts import CONNECTION_KWARGS
 
 if TYPE_CHECKING:
