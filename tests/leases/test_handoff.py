@@ -118,7 +118,10 @@ def test_a_release_of_another_key_does_not_wake_the_waiter(
         assert mine.release()
         thread.join(20)
     assert got and got[0].token == mine.token + 1
-    assert attempts["mine"][1:] == ["busy", "busy", "acquired"], attempts["mine"]
+    # No third busy answer from the other key's release (["busy", "acquired"]: on a loaded
+    # machine the question after LISTEN came after both releases).
+    waiter = attempts["mine"][1:]
+    assert waiter in (["busy", "busy", "acquired"], ["busy", "acquired"]), waiter
 
 
 def test_an_operator_release_wakes_the_waiter(
@@ -133,7 +136,11 @@ def test_an_operator_release_wakes_the_waiter(
         assert holder_client.release("job") == holder.token
         thread.join(20)
     assert got and got[0].token == holder.token + 1
-    assert attempts["job"][1:] == ["busy", "busy", "acquired"], attempts["job"]
+    # The waiter asks once more right after LISTEN; the release can land before that second
+    # question (seen under load), which then acquires. Either way: no polling, and woken by
+    # the release (not the 60 s lease or the 30 s wait).
+    waiter = attempts["job"][1:]
+    assert waiter in (["busy", "busy", "acquired"], ["busy", "acquired"]), waiter
 
 
 def test_busy_answers_say_how_long_the_lease_has_left(client: tenure.Client) -> None:
