@@ -35,6 +35,7 @@ from tests.support.scheduler_support import (
     prepare,
     query,
     wait_for,
+    worker_processes,
 )
 
 
@@ -502,3 +503,20 @@ def test_pruning_keeps_up_with_more_than_one_batch_of_old_history(
     assert asyncio.run(prune()) == 2500
     left = query(dsn, client.schema, "SELECT job_key, count(*) FROM {schema}.job_runs GROUP BY 1")
     assert left == [("new", 1)]
+
+
+@pytest.mark.parametrize(
+    ("args", "kept"),
+    [
+        ((), "history kept 7d (inbox claims 30d)"),
+        (("--retention", "2d", "--inbox-retention", "40d"), "history kept 2d (inbox claims 40d)"),
+    ],
+)
+def test_the_worker_says_what_history_it_keeps_and_its_flags_override_the_app(
+    dsn: str, schema: str, tmp_path: Path, args: tuple[str, ...], kept: str
+) -> None:
+    """The defaults when the app and the operator say nothing; the operator's flags win."""
+    prepare(dsn, schema)
+    with worker_processes(1, "slow", tenure_env(dsn, schema), tmp_path, args=args) as [worker]:
+        started = [line for line in worker.log().splitlines() if " started: " in line]
+    assert len(started) == 1 and started[0].endswith(kept), started

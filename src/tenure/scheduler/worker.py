@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING
 
 from .. import metrics
 from .._acompat import monotonic
+from ..db.retention import age_text
 from ..errors import DatabaseUnavailable, InvalidArgument, SchemaNotReady, TenureError
 from ..leases._async.client import AsyncClient, connect_async, default_margin
 from ..leases._async.lease import AsyncLease
@@ -196,13 +197,16 @@ class Worker:
             tasks.append(asyncio.create_task(listener, name="tenure-listen"))
             tasks.append(asyncio.create_task(pruner, name="tenure-prune"))
             log.info(
-                "tenure %s started: %d jobs, concurrency %d, schema %r on %s, app %r",
+                "tenure %s started: %d jobs, concurrency %d, schema %r on %s, app %r, "
+                "history kept %s (inbox claims %s)",
                 self.label,
                 len(specs),
                 self.concurrency,
                 app.schema,
                 self.client.where,
                 self.app_name,
+                age_text(self.app.retention.history),
+                age_text(self.app.retention.inbox),
                 extra={"worker": self.id},
             )
             self.ready.set()
