@@ -122,6 +122,11 @@ class Claim:
         return mine != theirs
 
 
+def run_fields(job_key: str, token: int, slot: dt.datetime, **more: Any) -> dict[str, Any]:
+    """A run's structured logging fields (``extra=``): job, token and slot, plus ``more``."""
+    return {"job": job_key, "token": token, "slot": slot.isoformat(), **more}
+
+
 def _iso(at: dt.datetime | None) -> str | None:
     return None if at is None else at.isoformat()
 

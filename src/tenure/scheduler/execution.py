@@ -26,7 +26,7 @@ from typing import Any
 
 from ..errors import LeaseLost, StaleTokenError
 from ..leases._async.lease import AsyncLease
-from .claim import Claim
+from .claim import Claim, run_fields
 from .context import JobContext
 from .isolation import ChildFailed, run_isolated
 from .spec import JobSpec
@@ -87,9 +87,8 @@ async def execute(run: Run) -> tuple[str, str | None, float]:
     lease, ctx = run.lease, run.ctx
     keeper: asyncio.TimerHandle | None = None
     if log.isEnabledFor(logging.DEBUG):  # formatting the slot costs a run more than its no-op
-        slot = run.slot.isoformat()
-        extra = {"job": key, "token": token, "slot": slot}
-        log.debug("job %r slot %s starts with token %s", key, slot, token, extra=extra)
+        extra = run_fields(key, token, run.slot)
+        log.debug("job %r slot %s starts with token %s", key, extra["slot"], token, extra=extra)
     try:
         if run.spec.isolation == "process":
             # The body runs in a child process; cancelling this future stops the child.
@@ -163,7 +162,7 @@ def _keep(lease: AsyncLease, body: asyncio.Future[Any], cancel_body: bool) -> No
 
 
 def _log_failure(run: Run, error: str, exc: BaseException) -> None:
-    extra = {"job": run.claim.job_key, "token": run.claim.token, "slot": run.slot.isoformat()}
+    extra = run_fields(run.claim.job_key, run.claim.token, run.slot)
     log.warning(
         "job %r slot %s failed: %s",
         run.claim.job_key,

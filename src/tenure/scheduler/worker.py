@@ -53,7 +53,7 @@ from ..leases._async.client import AsyncClient, connect_async, default_margin
 from ..leases._async.lease import AsyncLease
 from ..leases.models import Grant
 from .background import listen, prune
-from .claim import Claim, Finished, finish_params, start_params
+from .claim import Claim, Finished, finish_params, run_fields, start_params
 from .context import JobContext
 from .execution import Run, execute
 from .jobs import channel_name, schedule_from_row
@@ -431,23 +431,15 @@ class Worker:
         # A saturated worker reports its skipped slots in its saturation line (counted; each
         # has its history row): a warning per job would spend the CPU it lacks on logging.
         quiet = self.saturation.saturated and all(self.saturation.counts(s.slot) for s in missed)
-        if missed and quiet:
-            if log.isEnabledFor(logging.DEBUG):
-                log.debug(
-                    "job %r: %d missed slot(s) skipped (misfire=%r, worker saturated), %s .. %s",
-                    claim.job_key,
-                    len(missed),
-                    claim.misfire,
-                    missed[0].slot.isoformat(),
-                    missed[-1].slot.isoformat(),
-                    extra=extra,
-                )
-        elif missed:
-            log.warning(
-                "job %r: %d missed slot(s) skipped (misfire=%r), %s .. %s",
+        level = logging.DEBUG if quiet else logging.WARNING
+        if missed and log.isEnabledFor(level):
+            log.log(
+                level,
+                "job %r: %d missed slot(s) skipped (misfire=%r%s), %s .. %s",
                 claim.job_key,
                 len(missed),
                 claim.misfire,
+                ", worker saturated" if quiet else "",
                 missed[0].slot.isoformat(),
                 missed[-1].slot.isoformat(),
                 extra=extra,
@@ -603,7 +595,7 @@ class Worker:
                             f.job_key,
                             f.slot.isoformat(),
                             exc,
-                            extra={"job": f.job_key, "token": f.token, "slot": f.slot.isoformat()},
+                            extra=run_fields(f.job_key, f.token, f.slot),
                         )
                     return {}
                 await asyncio.sleep(0.5)
@@ -613,7 +605,7 @@ class Worker:
                         "job %r: recording the end of a run failed: %s",
                         f.job_key,
                         exc,
-                        extra={"job": f.job_key, "token": f.token, "slot": f.slot.isoformat()},
+                        extra=run_fields(f.job_key, f.token, f.slot),
                     )
                 return {}
         recorded: dict[tuple[str, int], str] = {}
@@ -631,7 +623,7 @@ class Worker:
                     token,
                     current,
                     outcome,
-                    extra={"job": key, "token": token, "slot": f.slot.isoformat()},
+                    extra=run_fields(key, token, f.slot),
                 )
         return recorded
 
@@ -656,12 +648,7 @@ class Worker:
                 token,
                 recorded,
                 error,
-                extra={
-                    "job": key,
-                    "token": token,
-                    "slot": run.slot.isoformat(),
-                    "outcome": recorded,
-                },
+                extra=run_fields(key, token, run.slot, outcome=recorded),
             )
         elif log.isEnabledFor(logging.DEBUG):
             log.debug(
@@ -671,12 +658,7 @@ class Worker:
                 token,
                 recorded,
                 duration,
-                extra={
-                    "job": key,
-                    "token": token,
-                    "slot": run.slot.isoformat(),
-                    "outcome": recorded,
-                },
+                extra=run_fields(key, token, run.slot, outcome=recorded),
             )
         self._running.pop((key, token), None)
         self._wake.set()
