@@ -59,14 +59,14 @@ def check_ttl_option(ctx: click.Context, param: click.Parameter, value: float) -
 
 
 def check_inbox_retention(ctx: click.Context, param: click.Parameter, value: float) -> float:
-    from ..db.retention import MIN_INBOX_RETENTION
+    """An inbox retention option: under a day is a usage error (the library's rule)."""
+    from ..db.retention import check_inbox_retention as check
+    from ..errors import InvalidArgument
 
-    if value < MIN_INBOX_RETENTION:
-        raise click.BadParameter(
-            f"must be at least 1d, got {value:g}s: inbox rows are the consumers' memory of what "
-            "they applied, and a redelivery after its row is gone is applied again"
-        )
-    return value
+    try:
+        return check(value, what="the inbox retention")
+    except InvalidArgument as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 def retention_options(fn: Any) -> Any:

@@ -243,7 +243,6 @@ def worker_command(
             retention if given("retention") else scheduler.retention.history,
             inbox_retention if given("inbox_retention") else scheduler.retention.inbox,
         )
-        scheduler.history_retention = scheduler.retention.history
     dashboard = None
     if ui_on_metrics_port and metrics_port is not None:  # (both, as checked above)
         from .ui import serve_dashboard_with_metrics

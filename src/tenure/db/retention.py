@@ -99,18 +99,25 @@ class Retention:
         seconds = parse_duration(history, what=what)
         if seconds <= 0:
             raise InvalidArgument(f"{what} must be positive, got {history!r}")
-        inbox_seconds = parse_duration(inbox, what=inbox_what)
-        if inbox_seconds < MIN_INBOX_RETENTION:
-            raise InvalidArgument(
-                f"{inbox_what} must be at least 1d, got {inbox!r}: inbox rows are the "
-                "consumers' memory of what they applied, and a redelivery that comes after its "
-                "row was deleted is applied again (see docs/retention.md)"
-            )
-        return cls(seconds, inbox_seconds)
+        return cls(seconds, check_inbox_retention(inbox, what=inbox_what))
 
     def params(self, table: Table, batch: int) -> dict[str, Any]:
         age = self.inbox if table.inbox else self.history
         return {"retention": dt.timedelta(seconds=age), "batch": batch}
+
+
+def check_inbox_retention(value: Duration, *, what: str = "inbox_retention") -> float:
+    """The inbox retention in seconds, at least :data:`MIN_INBOX_RETENTION`. Raises
+    :class:`~tenure.InvalidArgument` otherwise."""
+    seconds = parse_duration(value, what=what)
+    if seconds < MIN_INBOX_RETENTION:
+        shown = f"{value:g}s" if isinstance(value, int | float) else repr(value)
+        raise InvalidArgument(
+            f"{what} must be at least 1d, got {shown}: inbox rows are the consumers' memory "
+            "of what they applied, and a redelivery that comes after its row was deleted is "
+            "applied again (see docs/retention.md)"
+        )
+    return seconds
 
 
 class AsyncFetcher(Protocol):

@@ -103,7 +103,6 @@ class Scheduler:
         self.concurrency = _check_concurrency(concurrency)
         self.shutdown_grace = _check_grace(shutdown_grace)
         self.retention = Retention.of(history_retention, inbox_retention, what="history_retention")
-        self.history_retention = self.retention.history
         self.pool_size = check_int(pool_size, what="pool_size", minimum=2, maximum=1000)
         self.migrate = migrate
         self._name = None if name is None else _check_name(name)
@@ -306,6 +305,15 @@ class Scheduler:
             for sig in handled:
                 loop.remove_signal_handler(sig)
             self._worker, self._loop = None, None
+
+    @property
+    def history_retention(self) -> float:
+        """Seconds history is kept (``retention.history``); setting it checks the value."""
+        return self.retention.history
+
+    @history_retention.setter
+    def history_retention(self, value: Duration) -> None:
+        self.retention = Retention.of(value, self.retention.inbox, what="history_retention")
 
     @property
     def ready(self) -> bool:

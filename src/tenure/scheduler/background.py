@@ -21,11 +21,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tenure.scheduler")
 
-#: How many rows one statement deletes, and the pause between two batches of one pass
-#: (claims and finishes run in between); how often a worker prunes is db.retention.EVERY.
-PRUNE_BATCH = BATCH
-PRUNE_PAUSE = PAUSE
-
 
 async def listen(
     dsn: str | None,
@@ -73,14 +68,12 @@ async def prune(client: AsyncClient, retention: Retention) -> None:
     await prune_forever(client, retention, tables=WORKER_TABLES, who="worker")
 
 
-async def prune_once(
-    client: AsyncClient, retention: dt.timedelta, *, batch: int = PRUNE_BATCH
-) -> int:
+async def prune_once(client: AsyncClient, retention: dt.timedelta, *, batch: int = BATCH) -> int:
     """Delete finished run history older than ``retention``: batch after batch until a batch
     comes back short, so a pass keeps up however fast history grows, while each statement
     stays short (its rows locked briefly, skipped by a concurrent pruner). Returns how many
     rows were deleted."""
     counts = await prune_async(
-        client, Retention.of(retention), tables=("job_runs",), batch=batch, pause=PRUNE_PAUSE
+        client, Retention.of(retention), tables=("job_runs",), batch=batch, pause=PAUSE
     )
     return counts["job_runs"]
