@@ -7,11 +7,9 @@ import json
 
 import click
 
+from ..db.retention import NAMES
 from .common import CONTEXT, connect, db_options, handle_errors, json_option, setup_logs
 from .params import POSITIVE_DURATION, check_inbox_retention
-
-#: Kept here (not imported from db.retention) so that `tenure --help` stays light.
-TABLE_NAMES = ("job_runs", "exec_runs", "exec_slots", "outbox", "inbox")
 
 
 @click.command("prune", context_settings=CONTEXT)
@@ -38,7 +36,7 @@ TABLE_NAMES = ("job_runs", "exec_runs", "exec_slots", "outbox", "inbox")
 @click.option(
     "--table",
     "tables",
-    type=click.Choice(TABLE_NAMES),
+    type=click.Choice(NAMES),
     multiple=True,
     envvar="TENURE_PRUNE_TABLES",
     show_envvar=True,
