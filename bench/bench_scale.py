@@ -51,7 +51,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from bench_scheduler import HERE, Workers, migrate, pick_dsn
+from bench_scheduler import HERE, Workers, env_for, migrate, pick_dsn
 
 SCHEMA = "scale"
 SCHEDULES = {
@@ -77,16 +77,8 @@ def worker_env(
     dsn: str, schedule: str, jobs: int, args: argparse.Namespace, src: Path | None
 ) -> dict[str, str]:
     kind, value, _period = SCHEDULES[schedule]
-    env = dict(os.environ)
-    env.pop("DATABASE_URL", None)
+    env = env_for(dsn, SCHEMA, jobs, "load", args)
     env.update(
-        TENURE_DSN=dsn,
-        TENURE_SCHEMA=SCHEMA,
-        TENURE_LOG_LEVEL="info",
-        BENCH_JOBS=str(jobs),
-        BENCH_MODE="load",
-        BENCH_CONCURRENCY=str(args.concurrency),
-        BENCH_ASYNC="1" if args.async_jobs else "0",
         BENCH_CRON=value if kind == "cron" else "",
         BENCH_EVERY=value if kind == "every" else "",
     )
