@@ -259,18 +259,35 @@ async def measure(dsn: str, schema: str, requests: int) -> int:
     return failures
 
 
+class RunPairs:
+    """A run's start (INSERT) and finish (UPDATE) on ``job_runs``, as a worker sends them,
+    timed in microseconds per statement over ``statements`` statements."""
+
+    def __init__(self, schema: str, job_key: str, kind: str) -> None:
+        ident = sql.Identifier(schema)
+        self.insert = sql.SQL(
+            "INSERT INTO {}.job_runs (job_key, slot, kind, token, owner, worker_id, host, pid, "
+            "started_at, outcome) VALUES ({}, clock_timestamp(), {}, %s, "
+            "gen_random_uuid(), 'w', 'h', 1, clock_timestamp(), 'running')"
+        ).format(ident, sql.Literal(job_key), sql.Literal(kind))
+        self.update = sql.SQL(
+            "UPDATE {}.job_runs SET outcome = 'succeeded', finished_at = clock_timestamp() "
+            "WHERE job_key = {} AND token = %s AND started_at IS NOT NULL"
+        ).format(ident, sql.Literal(job_key))
+        self.token = 0
+
+    def time(self, conn: psycopg.Connection[Any], statements: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(statements // 2):
+            self.token += 1
+            conn.execute(self.insert, (self.token,))
+            conn.execute(self.update, (self.token,))
+        return (time.perf_counter() - t0) / statements * 1e6
+
+
 def trigger_cost(dsn: str, schema: str, statements: int = 1000, rounds: int = 4) -> None:
     ident = sql.Identifier(schema)
-    insert = sql.SQL(
-        "INSERT INTO {}.job_runs (job_key, slot, kind, token, owner, worker_id, host, pid, "
-        "started_at, outcome) VALUES ('trigger-bench', clock_timestamp(), 'manual', %s, "
-        "gen_random_uuid(), 'w', 'h', 1, clock_timestamp(), 'running')"
-    ).format(ident)
-    update = sql.SQL(
-        "UPDATE {}.job_runs SET outcome = 'succeeded', finished_at = clock_timestamp() "
-        "WHERE job_key = 'trigger-bench' AND token = %s AND started_at IS NOT NULL"
-    ).format(ident)
-    token = 0
+    pairs = RunPairs(schema, "trigger-bench", "manual")
     per_side: dict[str, list[float]] = {"triggers on": [], "triggers off": []}
     with psycopg.connect(dsn, autocommit=True) as conn:
         for _ in range(rounds):
@@ -282,12 +299,7 @@ def trigger_cost(dsn: str, schema: str, statements: int = 1000, rounds: int = 4)
                             ident, sql.SQL(verb), sql.Identifier(name)
                         )
                     )
-                t0 = time.perf_counter()
-                for _ in range(statements // 2):
-                    token += 1
-                    conn.execute(insert, (token,))
-                    conn.execute(update, (token,))
-                per_side[side].append((time.perf_counter() - t0) / statements * 1e6)
+                per_side[side].append(pairs.time(conn, statements))
         for name in ("job_runs_ui_insert", "job_runs_ui_update"):
             conn.execute(
                 sql.SQL("ALTER TABLE {}.job_runs ENABLE TRIGGER {}").format(
@@ -306,15 +318,7 @@ def index_cost(dsn: str, schema: str, statements: int = 1000, rounds: int = 3) -
     (job_runs_timeline alone), alternating: outcome is now in an index, so a run's finishing
     UPDATE can no longer be a HOT update (no index entry) even when its page has room."""
     ident = sql.Identifier(schema)
-    insert = sql.SQL(
-        "INSERT INTO {}.job_runs (job_key, slot, kind, token, owner, worker_id, host, pid, "
-        "started_at, outcome) VALUES ('index-bench', clock_timestamp(), 'scheduled', %s, "
-        "gen_random_uuid(), 'w', 'h', 1, clock_timestamp(), 'running')"
-    ).format(ident)
-    update = sql.SQL(
-        "UPDATE {}.job_runs SET outcome = 'succeeded', finished_at = clock_timestamp() "
-        "WHERE job_key = 'index-bench' AND token = %s AND started_at IS NOT NULL"
-    ).format(ident)
+    pairs = RunPairs(schema, "index-bench", "scheduled")
     new = sql.SQL(
         "CREATE INDEX job_runs_window ON {0}.job_runs (job_key, recorded_at) "
         "INCLUDE (outcome, kind, slot); CREATE INDEX job_runs_notable ON {0}.job_runs "
@@ -325,7 +329,6 @@ def index_cost(dsn: str, schema: str, statements: int = 1000, rounds: int = 3) -
         "CREATE INDEX job_runs_timeline ON {0}.job_runs (job_key, recorded_at); "
         "DROP INDEX {0}.job_runs_window; DROP INDEX {0}.job_runs_notable"
     ).format(ident)
-    token = 0
     per_side: dict[str, list[float]] = {"migration 9": [], "migration 6": []}
     with psycopg.connect(dsn, autocommit=True) as conn:
         if not conn.execute(
@@ -338,12 +341,7 @@ def index_cost(dsn: str, schema: str, statements: int = 1000, rounds: int = 3) -
             for side in per_side:
                 if side == "migration 6":
                     conn.execute(old)
-                t0 = time.perf_counter()
-                for _ in range(statements // 2):
-                    token += 1
-                    conn.execute(insert, (token,))
-                    conn.execute(update, (token,))
-                per_side[side].append((time.perf_counter() - t0) / statements * 1e6)
+                per_side[side].append(pairs.time(conn, statements))
                 if side == "migration 6":
                     conn.execute(new)
     now, before = (statistics.median(per_side[k]) for k in per_side)
