@@ -58,6 +58,8 @@ import tenure
 HERE = Path(__file__).resolve().parent
 DEFAULT_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 SCHEMA = "prof"
+#: The app name the workers register their jobs under (`tenure worker profile_worker:app`).
+APP = "profile_worker:app"
 TABLES = ("scheduled_jobs", "job_state", "job_leases", "job_runs")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 #: py-spy sampling: "wall" keeps idle samples (the event loop's wall time, waits included),
@@ -359,12 +361,12 @@ def claim_and_plan(
     """Claim up to ``limit`` due jobs on ``conn`` and plan them with the worker's own code:
     the parameters of sched_start for the batch and of sched_finish for its first run."""
     from tenure.db.queries import queries
-    from tenure.scheduler.claim import Claim, Finished, finish_params, start_params
+    from tenure.scheduler.claim import Finished, claims_from_rows, finish_params, start_params
     from tenure.scheduler.jobs import channel_name, schedule_from_row
     from tenure.scheduler.schedules import plan
 
-    rows = conn.execute(queries(SCHEMA)["sched_claim"], {"limit": limit, "exclude": []})
-    claims = [Claim.from_row(r) for r in rows.fetchall() if r[0] is not None]
+    rows = conn.execute(queries(SCHEMA)["sched_claim"], {"limit": limit, "exclude": [], "app": APP})
+    claims = claims_from_rows(rows.fetchall())[0]
     if not claims:
         return None
     planned = [
@@ -400,7 +402,7 @@ def explain(dsn: str, rounds: int, limits: tuple[int, ...]) -> dict[str, Any]:
             times: dict[str, list[tuple[float, float, float, int]]] = collections.defaultdict(list)
             for _ in range(rounds):
                 with conn.transaction(force_rollback=True):
-                    claim = {"limit": limit, "exclude": []}
+                    claim = {"limit": limit, "exclude": [], "app": APP}
                     times["sched_claim"].append(_explained(conn, opts + q["sched_claim"], claim))
                 with conn.transaction(force_rollback=True):
                     batch = claim_and_plan(conn, limit)

@@ -24,13 +24,24 @@ def describe_schema(dsn: str, schema: str) -> str:
     """Tables, columns, constraints and indexes of ``schema``, as stable text."""
     lines: list[str] = []
     with psycopg.connect(dsn) as conn:
-        for table, column, type_, nullable, default in conn.execute(
-            """SELECT c.table_name, c.column_name, c.data_type, c.is_nullable, c.column_default
+        for table, column, type_, nullable, default, generated in conn.execute(
+            """SELECT c.table_name, c.column_name, c.data_type, c.is_nullable, c.column_default,
+                      c.generation_expression
                FROM information_schema.columns c WHERE c.table_schema = %s
                ORDER BY c.table_name, c.ordinal_position""",
             (schema,),
         ):
-            lines.append(f"column {table}.{column} {type_} null={nullable} default={default}")
+            line = f"column {table}.{column} {type_} null={nullable} default={default}"
+            if generated is not None:  # one line: the server indents a long expression
+                line += " generated=" + " ".join(generated.split())
+            lines.append(line)
+        for table, options in conn.execute(
+            """SELECT c.relname, c.reloptions FROM pg_class c
+               WHERE c.relnamespace = %s::regnamespace AND c.reloptions IS NOT NULL
+               ORDER BY 1""",
+            (schema,),
+        ):
+            lines.append(f"options {table} {','.join(options)}")
         for table, name, definition in conn.execute(
             """SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid)
                FROM pg_constraint WHERE connamespace = %s::regnamespace AND contype <> 'n'

@@ -131,6 +131,7 @@ def test_register_refuses_another_apps_job_writing_nothing_and_adopt_takes_it(
     # although "k" is due (triggered); one for app "b" takes it.
     with tenure.connect(dsn, schema=schema) as client:
         from tenure.scheduler import jobs as ops
+        from tenure.scheduler.claim import claims_from_rows
 
         ops.trigger(client, "k", channel=ops.channel_name(schema))
 
@@ -141,7 +142,7 @@ def test_register_refuses_another_apps_job_writing_nothing_and_adopt_takes_it(
                 doing="claiming",
                 wrote=True,
             )
-            return [row[0] for row in rows if row[0] is not None]
+            return [c.job_key for c in claims_from_rows(rows)[0]]
 
         assert claim("a") == []
         assert claim("b") == ["k"]

@@ -122,6 +122,33 @@ class Claim:
         return mine != theirs
 
 
+def claims_from_rows(
+    rows: Sequence[Sequence[Any]],
+) -> tuple[list[Claim], Sequence[Any]]:
+    """The claims in ``sched_claim``'s rows, in the order the jobs came due, and the summary
+    row (job_key NULL: the database's now and when to look again). The statement returns each
+    taken lease (token set) and each job row read (token NULL) as rows of their own; a job
+    read but whose lease was not taken (its lease turned out live) is no claim."""
+    taken: dict[str, Sequence[Any]] = {}
+    read: list[Sequence[Any]] = []
+    summary: Sequence[Any] | None = None
+    for row in rows:
+        if row[0] is None:
+            summary = row
+        elif row[2] is not None:
+            taken[row[0]] = row
+        else:
+            read.append(row)
+    if summary is None:
+        raise ValueError("sched_claim returned no summary row")
+    claims = [
+        Claim.from_row((*lease[:4], *row[4:]))
+        for row in read
+        if (lease := taken.get(row[0])) is not None
+    ]
+    return claims, summary
+
+
 def run_fields(job_key: str, token: int, slot: dt.datetime, **more: Any) -> dict[str, Any]:
     """A run's structured logging fields (``extra=``): job, token and slot, plus ``more``."""
     return {"job": job_key, "token": token, "slot": slot.isoformat(), **more}
@@ -181,6 +208,7 @@ def start_params(
             )
     return {
         "plan": json.dumps(plans, separators=(",", ":")),
+        "count": len(plans),
         "skipped": json.dumps(skipped, separators=(",", ":")),
         "worker": worker,
         "host": host,
@@ -217,4 +245,8 @@ def finish_params(finished: Sequence[Finished], *, channel: str) -> dict[str, An
         }
         for f in finished
     ]
-    return {"runs": json.dumps(runs, separators=(",", ":")), "channel": channel}
+    return {
+        "runs": json.dumps(runs, separators=(",", ":")),
+        "count": len(runs),
+        "channel": channel,
+    }

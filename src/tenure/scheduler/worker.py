@@ -53,7 +53,7 @@ from ..leases._async.client import AsyncClient, connect_async, default_margin
 from ..leases._async.lease import AsyncLease
 from ..leases.models import Grant
 from .background import listen, prune
-from .claim import Claim, Finished, finish_params, run_fields, start_params
+from .claim import Claim, Finished, claims_from_rows, finish_params, run_fields, start_params
 from .context import JobContext
 from .execution import Run, execute
 from .jobs import channel_name, schedule_from_row
@@ -262,8 +262,7 @@ class Worker:
                     await self._sleep_unless_stopping(delay)
                     continue
                 failures = 0
-                claims = [Claim.from_row(row) for row in rows if row[0] is not None]
-                summary = next(row for row in rows if row[0] is None)
+                claims, summary = claims_from_rows(rows)
                 now, ready_at = summary[19], summary[20]
                 self.saturation.started(now)
                 if claims:
@@ -383,11 +382,13 @@ class Worker:
             for claim, *_ in planned:
                 metrics.emit(metrics.RELEASE, claim.job_key, value=0.0)
             return
-        started = {key: at for key, at in rows}
+        # A row per recorded job (started_at NULL) and one per run with its start.
+        recorded = {key for key, _at in rows}
+        started: dict[str, dt.datetime] = {key: at for key, at in rows if at is not None}
         skipped, lateness = 0, []
         counts = self.saturation.counts
         for claim, _spec, _schedule, decided in planned:
-            if claim.job_key not in started:
+            if claim.job_key not in recorded:
                 continue
             skipped += sum(
                 s.outcome == "misfire_skipped" and counts(s.slot) for s in decided.skipped
@@ -398,7 +399,7 @@ class Worker:
         self.saturation.observe(skipped, lateness, monotonic())
         for claim, spec, schedule, decided in planned:
             extra = {"job": claim.job_key, "token": claim.token}
-            if claim.job_key not in started:
+            if claim.job_key not in recorded:
                 log.warning(
                     "job %r: claim with token %s was superseded before it started",
                     claim.job_key,

@@ -102,14 +102,16 @@ FROM conflicts AS c;
 
 -- name: sched_claim
 -- Claim up to %(limit)s due jobs in ONE statement, for a worker of app %(app)s that runs every
--- job key of its app (or not yet stamped with one) except %(exclude)s. A job is due when its due_at (next slot, or -infinity for a pending retry or
--- trigger) has passed by the database clock, it is not paused, its lease is not live, and no
--- other worker is claiming it (SKIP LOCKED on the job row and on its fence row: a job whose
--- previous holder still has a fenced transaction open is left for a later claim instead of
--- blocking the batch). Each claimed job's lease is taken over with the core acquire's
--- semantics: fresh owner, token + 1 (and the timeline floor, see queries.sql acquire), the
--- ON CONFLICT WHERE re-checked on the locked row,
--- job_state.token moved in the same statement (strict fencing). claim_token records the
+-- job key of its app (or not yet stamped with one) except %(exclude)s. A job is due when its
+-- due_at has passed by the database clock (its next slot; -infinity for a pending retry or
+-- trigger; for a running job, its next slot or the end of its first lease term, whichever
+-- is first: migration 11), it is not paused, its lease is not live, and no other worker is
+-- claiming it (SKIP LOCKED on the job row and on its fence row: a job whose previous holder
+-- still has a fenced transaction open is left for a later claim instead of blocking the
+-- batch). Each claimed job's lease is taken over with the core acquire's semantics: fresh
+-- owner, token + 1 (and the timeline floor, see queries.sql acquire), the ON CONFLICT WHERE
+-- re-checked on the locked row, job_state.token moved in the same statement (strict
+-- fencing). claim_token records the
 -- newest claim: the start and finish statements are fenced on it.
 -- A last row (job_key NULL) says when the worker should look again: the next due_at, the
 -- earliest expiry of a live lease on a due job, or now if due jobs were left unclaimed
@@ -192,12 +194,19 @@ WITH clock AS MATERIALIZED (
     ) END AS ready_at, c.now
     FROM clock AS c
 )
-SELECT t.job_key, t.lease_owner, t.fencing_token, t.lease_until, d.cron, d.every, d.timezone,
+-- The lease rows taken and the job rows read come back as separate rows, joined by job_key
+-- in the worker (scheduler.claim.claims_from_rows): the planner sees two CTEs of one
+-- estimated row each and joins them by a nested loop, which for a batch of n claims
+-- compared n * n keys (a batch of 1,000 spent most of its time there).
+SELECT t.job_key, t.lease_owner, t.fencing_token, t.lease_until, NULL, NULL, NULL, NULL, NULL,
+       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+FROM taken AS t
+UNION ALL
+SELECT d.job_key, NULL, NULL, NULL, d.cron, d.every, d.timezone,
        d.ttl, d.misfire, d.misfire_grace, d.on_crash, d.revision, d.next_slot, d.done_slot,
        d.running_slot, d.running_kind, d.running_token, d.running_attempt, d.trigger_at,
        c.now, NULL::timestamptz AS ready_at, d.prior_gone, d.crash_streak, d.quarantine_after
-FROM taken AS t
-JOIN due AS d ON d.job_key = t.job_key
+FROM due AS d
 CROSS JOIN clock AS c
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
@@ -224,6 +233,11 @@ WITH plan AS (
              run_kind text, attempt integer, next_slot timestamptz, done_slot timestamptz,
              trigger_at timestamptz, prior_token bigint, prior_error text,
              crash_streak integer, quarantine text)
+    -- Not a limit (%(count)s is the array's length) but the planner's row estimate: it
+    -- plans this statement for each call (tenure.leases PLANNED_EACH_CALL) and, told 100 rows
+    -- (its guess for any set-returning function), joined a batch of 5 by reading every row
+    -- of scheduled_jobs, job_leases and job_runs instead of looking each up by its index.
+    LIMIT %(count)s
 ), job AS (
     UPDATE {schema}.scheduled_jobs AS j
     SET crash_streak = p.crash_streak,
@@ -240,6 +254,8 @@ WITH plan AS (
         running_kind = p.run_kind,
         running_token = CASE WHEN p.run_slot IS NULL THEN NULL ELSE p.token END,
         running_attempt = CASE WHEN p.run_slot IS NULL THEN NULL ELSE p.attempt END,
+        -- A run whose worker dies is retried once its lease has expired (migration 11).
+        running_due = CASE WHEN p.run_slot IS NULL THEN NULL ELSE clock_timestamp() + j.ttl END,
         trigger_at = CASE WHEN j.trigger_at = p.trigger_at THEN NULL ELSE j.trigger_at END
     FROM plan AS p
     WHERE j.job_key = p.job_key AND j.claim_token = p.token
@@ -276,9 +292,12 @@ WITH plan AS (
       AND l.job_key = p.job_key AND l.fencing_token = p.token AND l.lease_owner = p.owner
       AND l.lease_until >= clock_timestamp()
 )
-SELECT job.job_key, run.started_at
-FROM job
-LEFT JOIN run ON run.job_key = job.job_key;
+-- One row per job whose start was recorded (started_at NULL: nothing to run), and one per
+-- run with its start time; merged by the worker. A join of the two CTEs would be a nested
+-- loop over n * n rows (see sched_claim).
+SELECT job.job_key, NULL::timestamptz AS started_at FROM job
+UNION ALL
+SELECT run.job_key, run.started_at FROM run;
 
 -- name: sched_unclaim
 -- Give back leases this worker claimed but cannot run (a job it has no function for): the
@@ -306,12 +325,16 @@ WITH f AS MATERIALIZED (
     FROM json_to_recordset(%(runs)s::json)
         AS f(job_key text, token bigint, owner uuid, slot timestamptz, kind text,
              done boolean, outcome text, error text)
+    LIMIT %(count)s  -- the planner's row estimate, see sched_start
 ), job AS (
     UPDATE {schema}.scheduled_jobs AS j
     SET running_slot = CASE WHEN f.done THEN NULL ELSE j.running_slot END,
         running_kind = CASE WHEN f.done THEN NULL ELSE j.running_kind END,
         running_token = CASE WHEN f.done THEN NULL ELSE j.running_token END,
         running_attempt = CASE WHEN f.done THEN NULL ELSE j.running_attempt END,
+        -- Done: due at the next slot, where the start already put it (no index entry to move).
+        -- Not done: retried at once.
+        running_due = CASE WHEN f.done THEN NULL ELSE '-infinity'::timestamptz END,
         done_slot = CASE WHEN f.done AND f.kind <> 'manual'
                          THEN greatest(j.done_slot, f.slot) ELSE j.done_slot END,
         -- This run recorded its end: its worker was not gone.
@@ -346,11 +369,14 @@ WITH f AS MATERIALIZED (
 )
 SELECT f.job_key, f.token,
        (f.job_key, f.token) IN (SELECT job_key, token FROM job) AS matched,
-       run.outcome, s.claim_token AS current,
+       run.outcome,
+       -- Read only for a run whose fence failed (for its log line).
+       CASE WHEN (f.job_key, f.token) NOT IN (SELECT job_key, token FROM job)
+            THEN (SELECT s.claim_token FROM {schema}.scheduled_jobs AS s
+                  WHERE s.job_key = f.job_key) END AS current,
        CASE WHEN NOT f.done THEN pg_notify(%(channel)s, f.job_key)::text END AS notified
 FROM f
-LEFT JOIN run ON run.job_key = f.job_key AND run.token = f.token
-LEFT JOIN {schema}.scheduled_jobs AS s ON s.job_key = f.job_key;
+LEFT JOIN run ON run.job_key = f.job_key AND run.token = f.token;
 
 -- name: sched_notify
 SELECT pg_notify(%(channel)s, %(payload)s)::text;

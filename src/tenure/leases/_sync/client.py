@@ -58,6 +58,7 @@ from .waiter import ReleaseWaiter
 
 log = logging.getLogger("tenure.client")
 DEFAULT_TTL = 30.0
+PLANNED_EACH_CALL = frozenset({"sched_start", "sched_finish"})
 MAX_POOL_SIZE = 1000
 
 
@@ -106,7 +107,11 @@ class Client:
         try:
             try:
                 cur = _cursor(conn)
-                cur.execute(self._queries[name], params)
+                cur.execute(
+                    self._queries[name],
+                    params,
+                    prepare=False if name in PLANNED_EACH_CALL else None,
+                )
                 return cur.fetchall()
             finally:
                 pool.putconn(conn)

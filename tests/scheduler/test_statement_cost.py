@@ -1,0 +1,168 @@
+"""What the scheduler's statements cost the database per run, as properties a plan or a row
+can show (the rates themselves are measured by bench/profile_worker.py, never here):
+
+* a running job is not due at once: claims do not walk every running job (migration 11);
+* the batched start and finish are planned for each call, with the batch's size, so a small
+  batch looks its rows up by index however the tables have grown since the worker started.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import threading
+import uuid
+from typing import Any
+
+import psycopg
+
+import tenure
+from tenure.db.queries import query as named_query
+from tenure.scheduler import jobs as ops
+from tenure.scheduler.claim import Finished, finish_params
+from tests.support.scheduler_apps import NEVER
+from tests.support.scheduler_support import InProcessWorker, prepare, query, wait_for
+
+
+def due(dsn: str, schema: str, key: str) -> tuple[Any, ...]:
+    """due_at as text (psycopg refuses to load -infinity), whether it has passed, how long
+    after the run's start it falls, whether it is the next slot, and the running slot."""
+    [row] = query(
+        dsn,
+        schema,
+        "SELECT j.due_at::text, j.due_at <= clock_timestamp(), "
+        "CASE WHEN isfinite(j.due_at) THEN j.due_at - r.started_at END, "
+        "j.due_at = j.next_slot, j.running_slot "
+        "FROM {schema}.scheduled_jobs AS j "
+        "LEFT JOIN {schema}.job_runs AS r ON r.job_key = j.job_key AND r.token = j.running_token "
+        "WHERE j.job_key = %s",
+        (key,),
+    )
+    return row
+
+
+def test_a_running_job_is_due_at_the_end_of_its_lease_term_not_at_once(
+    dsn: str, schema: str
+) -> None:
+    """Before migration 11 a running job was due at -infinity, so every claim of every worker
+    read it (and probed its live lease) for as long as it ran."""
+    prepare(dsn, schema)
+    release = threading.Event()
+    app = tenure.Scheduler(dsn, schema=schema)
+
+    @app.job("held", cron=NEVER, ttl="30s")
+    def held(ctx: tenure.JobContext) -> None:
+        release.wait(20)
+
+    with tenure.connect(dsn, schema=schema) as client, InProcessWorker(app):
+        ops.trigger(client, "held", channel=ops.channel_name(schema))
+        text, passed, after_start, is_next_slot, _slot = wait_for(
+            lambda: (row := due(dsn, schema, "held"))[2] is not None and row,
+            timeout=10,
+            what="the run to start",
+        )
+        # Due when a dead worker's lease would have expired (the next slot is years away).
+        assert not passed, text
+        assert dt.timedelta(seconds=29) < after_start <= dt.timedelta(seconds=30), text
+        assert not is_next_slot
+        release.set()
+        done = wait_for(
+            lambda: (row := due(dsn, schema, "held"))[4] is None and row,
+            timeout=10,
+            what="the run to finish",
+        )
+    assert done[3] is True  # done: due at its next slot again
+
+
+def test_a_run_whose_worker_stops_it_is_due_again_at_once(dsn: str, schema: str) -> None:
+    """A finish that leaves the slot to be retried (lease lost, cancelled at shutdown) makes
+    the job due at once, as before migration 11."""
+    prepare(dsn, schema)
+    started = threading.Event()
+    app = tenure.Scheduler(dsn, schema=schema)
+
+    @app.job("cancelled", cron=NEVER, ttl="30s")
+    def cancelled(ctx: tenure.JobContext) -> None:
+        started.set()
+        ctx.wait(20)
+
+    with tenure.connect(dsn, schema=schema) as client:
+        with InProcessWorker(app, shutdown_grace=0.2):
+            ops.trigger(client, "cancelled", channel=ops.channel_name(schema))
+            assert started.wait(10)
+        text, passed, _after_start, _is_next_slot, running_slot = due(dsn, schema, "cancelled")
+    assert running_slot is not None  # kept, so that the slot is retried
+    assert (text, passed) == ("-infinity", True)
+
+
+def test_start_and_finish_are_never_prepared(dsn: str, schema: str) -> None:
+    """psycopg prepares a statement on its 5th execution and PostgreSQL then keeps one plan
+    for the connection's life: a plan made while job_runs was empty kept reading all of it."""
+    prepare(dsn, schema)
+    with tenure.connect(dsn, schema=schema, pool_size=1) as client:
+        channel = ops.channel_name(schema)
+        for _ in range(8):
+            client._fetch("sched_finish", finish_params([], channel=channel), doing="finishing")
+            client._fetch("sched_claim", {"limit": 1, "exclude": [], "app": "a"}, doing="claim")
+        with client._pool.connection() as conn:
+            prepared = [
+                text
+                for (text,) in conn.execute(
+                    "SELECT statement FROM pg_prepared_statements WHERE NOT from_sql"
+                )
+            ]
+    assert any("FOR UPDATE OF j, s SKIP LOCKED" in text for text in prepared), prepared
+    assert not any("json_to_recordset" in text for text in prepared), prepared
+
+
+def test_a_small_finish_batch_reads_its_rows_by_index(dsn: str, schema: str) -> None:
+    """Told nothing, the planner takes a JSON batch for 100 rows and, on tables of a few
+    thousand rows, joined 3 runs by reading every row of scheduled_jobs, job_leases and
+    job_runs (seen in the workers at 3,000 runs/s). The batch's size is its estimate."""
+    prepare(dsn, schema)
+    query(
+        dsn,
+        schema,
+        "INSERT INTO {schema}.scheduled_jobs (job_key, every, timezone, ttl, misfire, on_crash, "
+        "defined_at, defined_by, next_slot) SELECT 'job-' || n, interval '1 s', 'UTC', "
+        "interval '30 s', 'latest', 'retry', now(), 't', now() FROM generate_series(1, 3000) n",
+    )
+    query(
+        dsn,
+        schema,
+        "INSERT INTO {schema}.job_leases (job_key, lease_owner, lease_until, fencing_token, "
+        "lease_ttl, acquired_at, renewed_at) SELECT 'job-' || n, gen_random_uuid(), now(), 1, "
+        "interval '30 s', now(), now() FROM generate_series(1, 3000) n",
+    )
+    query(
+        dsn,
+        schema,
+        "INSERT INTO {schema}.job_runs (job_key, slot, kind, token, worker_id, host, pid, "
+        "started_at, outcome) SELECT 'job-' || (n %% 3000), now(), 'scheduled', n, 'w', 'h', 1, "
+        "now(), 'succeeded' FROM generate_series(1, 9000) n",
+    )
+    for table in ("scheduled_jobs", "job_leases", "job_runs"):
+        query(dsn, schema, f"VACUUM ANALYZE {{schema}}.{table}")
+    now = dt.datetime.now(dt.UTC)
+    batch = [
+        Finished(f"job-{n}", n, uuid.uuid4(), now, "scheduled", True, "succeeded", None)
+        for n in (1, 2, 3)
+    ]
+    params = finish_params(batch, channel=ops.channel_name(schema))
+    with psycopg.connect(dsn) as conn:
+        [(doc,)] = conn.execute(
+            b"EXPLAIN (FORMAT JSON) " + named_query(schema, "sched_finish"), params
+        ).fetchall()
+        conn.rollback()
+    scans = sorted(
+        {f"{node['Node Type']} on {node['Relation Name']}" for node in _nodes(doc[0]["Plan"])
+         if "Relation Name" in node}
+    )  # fmt: skip
+    assert not [s for s in scans if s.startswith("Seq Scan")], json.dumps(scans)
+
+
+def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    found = [plan]
+    for child in plan.get("Plans", []):
+        found.extend(_nodes(child))
+    return found
