@@ -19,7 +19,7 @@ import psycopg
 import tenure
 from tenure.db.queries import query as named_query
 from tenure.scheduler import jobs as ops
-from tenure.scheduler.claim import Finished, finish_params
+from tenure.scheduler.claim import Finished, claims_from_rows, finish_params
 from tests.support.scheduler_apps import NEVER
 from tests.support.scheduler_support import InProcessWorker, prepare, query, wait_for
 
@@ -166,3 +166,46 @@ def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
     for child in plan.get("Plans", []):
         found.extend(_nodes(child))
     return found
+
+
+def test_a_claimed_job_is_not_due_again_until_its_lease_expires(dsn: str, schema: str) -> None:
+    """Between the claim and the recorded start, the job is not due: the claims that follow
+    (every worker's) do not read it and probe its lease. A claim given back (a worker without
+    the job's function) makes it due at once again."""
+    prepare(dsn, schema)
+    app = tenure.Scheduler(dsn, schema=schema, name="a")
+    app.add_job("k", lambda ctx: None, cron=NEVER, ttl="30s")
+    app.register()
+    with tenure.connect(dsn, schema=schema) as client:
+        ops.trigger(client, "k", channel=ops.channel_name(schema))
+        rows = client._fetch(
+            "sched_claim", {"limit": 5, "exclude": [], "app": "a"}, doing="claiming"
+        )
+        [claim] = claims_from_rows(rows)[0]
+        [(due_at, passed)] = query(
+            dsn,
+            schema,
+            "SELECT due_at, due_at <= clock_timestamp() FROM {schema}.scheduled_jobs "
+            "WHERE job_key = 'k'",
+        )
+        assert (due_at, passed) == (claim.lease_until, False)
+        again = client._fetch(
+            "sched_claim", {"limit": 5, "exclude": [], "app": "a"}, doing="claiming"
+        )
+        assert claims_from_rows(again)[0] == []
+        client._fetch(
+            "sched_unclaim",
+            {"keys": ["k"], "tokens": [claim.token], "owners": [claim.owner]},
+            doing="giving back",
+        )
+        [(text, passed)] = query(
+            dsn,
+            schema,
+            "SELECT due_at::text, due_at <= clock_timestamp() FROM {schema}.scheduled_jobs "
+            "WHERE job_key = 'k'",
+        )
+        assert (text, passed) == ("-infinity", True)  # the trigger is still pending
+        [retaken] = claims_from_rows(
+            client._fetch("sched_claim", {"limit": 5, "exclude": [], "app": "a"}, doing="c")
+        )[0]
+    assert retaken.token == claim.token + 1

@@ -89,7 +89,6 @@ class JobContext:
         self.attempt = attempt
         self.lease = lease
         self.worker_id = worker_id
-        self.results = JobResults(self)
         self._client = client
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
@@ -102,6 +101,14 @@ class JobContext:
             f"<JobContext {self.job_key!r} slot={self.slot.isoformat()} token={self.token} "
             f"{self.kind}{' cancelled' if self.cancelled else ''}>"
         )
+
+    @property
+    def results(self) -> JobResults:
+        """The job's fenced result store (``ctx.results.put(payload)``)."""
+        # Made on access, not kept: a context and a store pointing at each other would be
+        # a reference cycle per run, left for the garbage collector (a tenth of a busy
+        # worker's CPU went to collecting them, bench/README.md).
+        return JobResults(self)
 
     @property
     def cancelled(self) -> bool:

@@ -104,8 +104,8 @@ FROM conflicts AS c;
 -- Claim up to %(limit)s due jobs in ONE statement, for a worker of app %(app)s that runs every
 -- job key of its app (or not yet stamped with one) except %(exclude)s. A job is due when its
 -- due_at has passed by the database clock (its next slot; -infinity for a pending retry or
--- trigger; for a running job, its next slot or the end of its first lease term, whichever
--- is first: migration 11), it is not paused, its lease is not live, and no other worker is
+-- trigger; for a claimed or running job, when its worker could be gone: migration 11), it
+-- is not paused, its lease is not live, and no other worker is
 -- claiming it (SKIP LOCKED on the job row and on its fence row: a job whose previous holder
 -- still has a fenced transaction open is left for a later claim instead of blocking the
 -- batch). Each claimed job's lease is taken over with the core acquire's semantics: fresh
@@ -165,7 +165,10 @@ WITH clock AS MATERIALIZED (
     ON CONFLICT (job_key) DO UPDATE SET token = excluded.token
 ), mark AS (
     UPDATE {schema}.scheduled_jobs AS j
-    SET claim_token = t.fencing_token, claimed_at = clock_timestamp()
+    SET claim_token = t.fencing_token, claimed_at = clock_timestamp(),
+        -- Not due until this lease has expired: the claims that follow (this worker's and
+        -- others') do not read the job again while its start is being recorded.
+        held_until = t.lease_until
     FROM taken AS t
     WHERE j.job_key = t.job_key
 ), ready AS (
@@ -254,8 +257,12 @@ WITH plan AS (
         running_kind = p.run_kind,
         running_token = CASE WHEN p.run_slot IS NULL THEN NULL ELSE p.token END,
         running_attempt = CASE WHEN p.run_slot IS NULL THEN NULL ELSE p.attempt END,
-        -- A run whose worker dies is retried once its lease has expired (migration 11).
-        running_due = CASE WHEN p.run_slot IS NULL THEN NULL ELSE clock_timestamp() + j.ttl END,
+        -- Due again at the next slot, or when a dead worker's lease would have expired
+        -- (migration 11); nothing to run: due at the next slot.
+        held_until = CASE WHEN p.run_slot IS NOT NULL THEN least(
+            CASE WHEN j.revision = p.revision
+                 THEN greatest(j.next_slot, p.next_slot) ELSE j.next_slot END,
+            clock_timestamp() + j.ttl) END,
         trigger_at = CASE WHEN j.trigger_at = p.trigger_at THEN NULL ELSE j.trigger_at END
     FROM plan AS p
     WHERE j.job_key = p.job_key AND j.claim_token = p.token
@@ -301,11 +308,20 @@ SELECT run.job_key, run.started_at FROM run;
 
 -- name: sched_unclaim
 -- Give back leases this worker claimed but cannot run (a job it has no function for): the
--- lease expires now, nothing else changes, so a worker that has the job takes it at once.
+-- lease expires now and the job is due again as before the claim, so a worker that has the
+-- job takes it at once.
+WITH u AS MATERIALIZED (
+    SELECT * FROM unnest(%(keys)s::text[], %(tokens)s::bigint[], %(owners)s::uuid[])
+        AS u(job_key, token, owner)
+), job AS (
+    UPDATE {schema}.scheduled_jobs AS j
+    SET held_until = NULL
+    FROM u
+    WHERE j.job_key = u.job_key AND j.claim_token = u.token
+)
 UPDATE {schema}.job_leases AS l
 SET lease_until = clock_timestamp()
-FROM unnest(%(keys)s::text[], %(tokens)s::bigint[], %(owners)s::uuid[])
-    AS u(job_key, token, owner)
+FROM u
 WHERE l.job_key = u.job_key AND l.fencing_token = u.token AND l.lease_owner = u.owner
   AND l.lease_until >= clock_timestamp()
 RETURNING l.job_key;
@@ -332,9 +348,9 @@ WITH f AS MATERIALIZED (
         running_kind = CASE WHEN f.done THEN NULL ELSE j.running_kind END,
         running_token = CASE WHEN f.done THEN NULL ELSE j.running_token END,
         running_attempt = CASE WHEN f.done THEN NULL ELSE j.running_attempt END,
-        -- Done: due at the next slot, where the start already put it (no index entry to move).
-        -- Not done: retried at once.
-        running_due = CASE WHEN f.done THEN NULL ELSE '-infinity'::timestamptz END,
+        -- Done: due at the next slot, where the start already put it (no index entry moves).
+        -- Not done: due at once (running_slot stays).
+        held_until = NULL,
         done_slot = CASE WHEN f.done AND f.kind <> 'manual'
                          THEN greatest(j.done_slot, f.slot) ELSE j.done_slot END,
         -- This run recorded its end: its worker was not gone.
