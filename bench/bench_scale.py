@@ -51,7 +51,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from bench_scheduler import HERE, Workers, env_for, migrate, pick_dsn
+from bench_scheduler import HERE, Workers, env_for, pick_dsn
 
 SCHEMA = "scale"
 SCHEDULES = {
@@ -59,6 +59,11 @@ SCHEDULES = {
     "1m": ("every", "60s", 60),
     "cron": ("cron", "* * * * *", 60),
 }
+
+
+MIGRATE = (
+    "import sys, tenure; tenure.connect(sys.argv[1], schema=sys.argv[2], migrate=True).close()"
+)
 
 
 def source_tree(ref: str, into: Path) -> Path:
@@ -125,11 +130,15 @@ def measure(
     with psycopg.connect(base, autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
     try:
-        migrate(dsn, SCHEMA)
+        env = worker_env(dsn, schedule, jobs, args, src)
+        # With the side's own tenure: a side older than this checkout refuses a schema that
+        # this checkout's migrations made newer than it knows.
+        subprocess.run(
+            [sys.executable, "-c", MIGRATE, dsn, SCHEMA], env=env, check=True, timeout=120
+        )
         # --stagger: one after another (a worker registering 100,000s of jobs while another
         # claims them may wait on row locks past the 5 s statement timeout; so may several
         # registering at once).
-        env = worker_env(dsn, schedule, jobs, args, src)
         procs = Workers(workers, env, logdir, tag, stagger=args.stagger)
         try:
             procs.wait_started(timeout=300)
