@@ -17,7 +17,8 @@
 ALTER TABLE {schema}.scheduled_jobs ADD COLUMN held_until timestamptz;
 
 -- PostgreSQL before 17 cannot change a generation expression: drop and add the column
--- (its index goes with it).
+-- (its index goes with it). Adding a stored generated column rewrites scheduled_jobs under an
+-- exclusive lock: claims wait for it (a second or so for 100,000 jobs).
 ALTER TABLE {schema}.scheduled_jobs DROP COLUMN due_at;
 ALTER TABLE {schema}.scheduled_jobs ADD COLUMN due_at timestamptz GENERATED ALWAYS AS (
     CASE WHEN held_until IS NOT NULL THEN held_until
