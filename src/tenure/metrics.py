@@ -106,13 +106,35 @@ def emit(name: str, job: str, outcome: str = "", value: float | None = None) -> 
             log.exception("metrics listener %r failed on %s", listener, name)
 
 
-_installed: dict[int, Callable[[], None]] = {}
+class _Export:
+    """tenure's metrics in one Prometheus registry. Kept for good, with the registry: the
+    registry's id is the key, and a registry freed while its entry stayed let a new one,
+    given the same id, be taken for installed (so it counted nothing)."""
+
+    def __init__(self, registry: Any, sink: Listener) -> None:
+        self.registry = registry
+        self.sink = sink
+        self.remove: Callable[[], None] | None = None
+
+    def subscribe(self) -> Callable[[], None]:
+        if self.remove is None:
+            self.remove = subscribe(self.sink)
+        return self.unsubscribe
+
+    def unsubscribe(self) -> None:
+        remove, self.remove = self.remove, None
+        if remove is not None:
+            remove()
+
+
+_installed: dict[int, _Export] = {}
 
 
 def install_prometheus(registry: Any = None) -> Callable[[], None]:
     """Export tenure's events as Prometheus metrics in ``registry`` (default: the global one).
 
-    Returns the unsubscribe function. Installing twice into one registry is a no-op.
+    Returns the unsubscribe function. Installing twice into one registry is a no-op; after
+    unsubscribing, installing again exports into the same metrics again.
     """
     try:
         import prometheus_client as prom
@@ -123,8 +145,10 @@ def install_prometheus(registry: Any = None) -> Callable[[], None]:
             "prometheus_client is not installed: pip install 'tenure[prometheus]'"
         ) from exc
     registry = registry if registry is not None else prom.REGISTRY
-    if id(registry) in _installed:
-        return _installed[id(registry)]
+    with _lock:
+        export = _installed.get(id(registry))
+    if export is not None:  # installed before (and maybe uninstalled since): export again
+        return export.subscribe()
     kw: dict[str, Any] = {"registry": registry}
     acquire = prom.Counter(
         "tenure_lease_acquire", "Lease acquire attempts by outcome", ["job_key", "outcome"], **kw
@@ -219,6 +243,7 @@ def install_prometheus(registry: Any = None) -> Callable[[], None]:
             if event.value is not None:
                 delivery_time.labels(event.job).observe(event.value)
 
-    unsubscribe = subscribe(sink)
-    _installed[id(registry)] = unsubscribe
-    return unsubscribe
+    export = _Export(registry, sink)
+    with _lock:
+        _installed[id(registry)] = export
+    return export.subscribe()

@@ -74,3 +74,28 @@ def test_events_carry_no_owner_or_token(client: tenure.Client) -> None:
         ("lease_release", ""),
     ]
     assert all(str(lease.owner) not in repr(e) for e in events)
+
+
+def test_a_registry_uninstalled_and_installed_again_counts_afresh(client: tenure.Client) -> None:
+    """Uninstalling left the registry's id marked as installed: installing again (into it,
+    or into a new registry that got a freed one's id, as registries freed at once do)
+    returned the old, unsubscribed function and counted nothing."""
+    registry = prometheus_client.CollectorRegistry()
+    metrics.install_prometheus(registry)()  # installed, then uninstalled at once
+    uninstall = metrics.install_prometheus(registry)
+    try:
+        lease = client.acquire("j", ttl=5)
+        assert lease is not None
+        lease.release()
+    finally:
+        uninstall()
+        uninstall()  # twice is harmless
+    assert _value(registry, "tenure_lease_acquire_total", job_key="j", outcome="acquired") == 1
+    assert client.acquire("j", ttl=5) is not None  # not counted: uninstalled
+    again = metrics.install_prometheus(registry)
+    try:
+        assert client.acquire("k", ttl=5) is not None
+    finally:
+        again()
+    assert _value(registry, "tenure_lease_acquire_total", job_key="j", outcome="acquired") == 1
+    assert _value(registry, "tenure_lease_acquire_total", job_key="k", outcome="acquired") == 1

@@ -49,6 +49,17 @@ def test_a_worker_that_cannot_keep_up_says_it_is_saturated_and_records_every_ski
                 what="the worker to report saturation",
             )
             gauge = registry.get_sample_value("tenure_worker_saturated", {"app": app.name})
+            # Saturation may first be reported for a run that started over a second late,
+            # before any job came round again with a slot to skip: wait for the skips.
+            wait_for(
+                lambda: query(
+                    dsn,
+                    schema,
+                    "SELECT 1 FROM {schema}.job_runs WHERE outcome = 'misfire_skipped'",
+                ),
+                timeout=30,
+                what="a skipped slot to be recorded",
+            )
     finally:
         unsubscribe()
         uninstall()

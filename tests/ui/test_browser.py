@@ -42,9 +42,15 @@ def browser() -> Iterator[Any]:
 
 
 def wait_until(browser: Any, check: Any, timeout: float, what: str) -> Any:
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(browser, timeout, poll_frequency=0.1).until(check, message=what)
+    # A live update replaces the page's parts in place: an element found just before a
+    # re-render is stale when the check reads it, so the check is tried again (CI saw
+    # `find_element(...).text` fail that way once).
+    return WebDriverWait(
+        browser, timeout, poll_frequency=0.1, ignored_exceptions=(StaleElementReferenceException,)
+    ).until(check, message=what)
 
 
 def open_live(browser: Any, url: str) -> None:
