@@ -95,5 +95,8 @@ def test_two_beats_and_a_worker_run_each_slot_once(dsn: str, schema: str, tmp_pa
     assert received >= len(slots) + 5, log
     assert skipped >= 5, log
     # Beat's interval drifts, so a slot with no send at all would be beat's doing; with two
-    # beats every slot got at least one send in practice.
-    assert_each_slot_once(slots, at_least=8)
+    # beats every slot gets a send or two. But a call that finds the previous slot's run still
+    # holding the job's lease returns without running (@tenure.once does not wait), so on a
+    # loaded machine a slot whose sends both came then stays unrun: seen once in a full CI run
+    # (2026-12-01), one slot of 12. Each slot at most once is the guarantee under test.
+    assert_each_slot_once(slots, at_least=8, missing_at_most=1)

@@ -74,9 +74,10 @@ def parse_slot(name: str) -> dt.datetime:
 
 
 def assert_each_slot_once(
-    slots: Sequence[str | dt.datetime], *, at_least: int, period: int = 1
+    slots: Sequence[str | dt.datetime], *, at_least: int, period: int = 1, missing_at_most: int = 0
 ) -> None:
-    """Every slot from the first to the last ran exactly once, and there were enough.
+    """Every slot from the first to the last ran exactly once (all but ``missing_at_most``
+    ran), and there were enough.
 
     Slots are names (``2026-12-01T14:05:00Z``) or the scheduler's datetimes."""
     twice = {s: n for s, n in Counter(slots).items() if n > 1}
@@ -87,4 +88,6 @@ def assert_each_slot_once(
     missing = sorted(
         {times[0] + dt.timedelta(seconds=period * i) for i in range(expected)} - set(times)
     )
-    assert not missing, f"slots that never ran between the first and last: {missing}"
+    assert len(missing) <= missing_at_most, (
+        f"slots that never ran between the first and last: {missing}"
+    )
