@@ -137,7 +137,11 @@ def test_webhook_answering_after_the_timeout_is_retried_with_the_same_key_and_ap
     assert list(requests) == ["pay:invoice%207/%C3%A9"]
     tries = requests["pay:invoice%207/%C3%A9"]
     assert len(tries) >= 2 and done.attempts >= 2
-    assert [r.attempt for r in tries] == list(range(1, len(tries) + 1))
+    # Consecutive attempts. On a loaded machine the relay's first attempt can time out
+    # before its request reaches this consumer (seen twice in full CI runs): then the first
+    # request seen is attempt 2, and it is the one applied.
+    first = tries[0].attempt
+    assert first <= 2 and [r.attempt for r in tries] == list(range(first, first + len(tries)))
     assert [r.applied for r in tries] == [True] + [False] * (len(tries) - 1)
     assert all(r.payload == {"amount": 42} for r in tries)
     assert done.last_error is None  # delivered: the timeouts before are not its error
