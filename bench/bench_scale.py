@@ -61,11 +61,6 @@ SCHEDULES = {
 }
 
 
-MIGRATE = (
-    "import sys, tenure; tenure.connect(sys.argv[1], schema=sys.argv[2], migrate=True).close()"
-)
-
-
 def source_tree(ref: str, into: Path) -> Path:
     """``git archive REF src`` unpacked into ``into``; returns the directory to put on the path."""
     repo = HERE.parent
@@ -134,7 +129,11 @@ def measure(
         # With the side's own tenure: a side older than this checkout refuses a schema that
         # this checkout's migrations made newer than it knows.
         subprocess.run(
-            [sys.executable, "-c", MIGRATE, dsn, SCHEMA], env=env, check=True, timeout=120
+            [sys.executable, "-m", "tenure", "migrate", "--dsn", dsn, "--schema", SCHEMA],
+            env=env,
+            check=True,
+            timeout=120,
+            stdout=subprocess.DEVNULL,
         )
         # --stagger: one after another (a worker registering 100,000s of jobs while another
         # claims them may wait on row locks past the 5 s statement timeout; so may several

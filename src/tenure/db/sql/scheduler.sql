@@ -383,15 +383,16 @@ WITH f AS MATERIALIZED (
     WHERE r.job_key = f.job_key AND r.token = f.token AND r.started_at IS NOT NULL
     RETURNING r.job_key, r.token, r.outcome
 )
-SELECT f.job_key, f.token,
-       (f.job_key, f.token) IN (SELECT job_key, token FROM job) AS matched,
-       run.outcome,
+SELECT f.job_key, f.token, m.matched, run.outcome,
        -- Read only for a run whose fence failed (for its log line).
-       CASE WHEN (f.job_key, f.token) NOT IN (SELECT job_key, token FROM job)
+       CASE WHEN NOT m.matched
             THEN (SELECT s.claim_token FROM {schema}.scheduled_jobs AS s
                   WHERE s.job_key = f.job_key) END AS current,
        CASE WHEN NOT f.done THEN pg_notify(%(channel)s, f.job_key)::text END AS notified
 FROM f
+CROSS JOIN LATERAL (
+    SELECT (f.job_key, f.token) IN (SELECT job_key, token FROM job) AS matched
+) AS m
 LEFT JOIN run ON run.job_key = f.job_key AND run.token = f.token;
 
 -- name: sched_notify
