@@ -21,6 +21,8 @@ the slots in the window (after a warm-up):
 * ``behind``: slots due in the window with neither a run nor a skip row when the window
   ended (the backlog of a saturated worker, recorded as skipped or run later);
 * ``dupes``: slots run twice. Anything but 0 is a failure: the script exits 1;
+* ``early``: runs whose start was recorded before their slot by the database clock (a job
+  claimed ahead of its slot must still start at it). Anything but 0 is a failure too;
 * ``saturated``: the workers' "saturated" log lines (see ``tenure.scheduler.worker``).
 
 ``--compare REF`` runs every row twice, back to back: once with the workers importing tenure
@@ -170,7 +172,8 @@ def measure(
                        percentile_cont(0.99) WITHIN GROUP (
                            ORDER BY extract(epoch FROM started_at - slot)),
                        max(extract(epoch FROM started_at - slot)),
-                       count(DISTINCT (job_key, slot))
+                       count(DISTINCT (job_key, slot)),
+                       count(*) FILTER (WHERE started_at < slot)
                 FROM {schema}.job_runs
                 WHERE slot >= %s AND slot < %s AND kind = 'scheduled'
                   AND (started_at IS NULL OR started_at <= %s)
@@ -178,7 +181,7 @@ def measure(
             ).format(schema=sql.Identifier(SCHEMA))
             row = conn.execute(q, (t0, end, t1)).fetchone()
             assert row is not None
-            runs, dupes, skipped, p50, p99, worst, seen = row
+            runs, dupes, skipped, p50, p99, worst, seen, early = row
     finally:
         with psycopg.connect(base, autocommit=True) as admin:
             admin.execute(
@@ -211,6 +214,7 @@ def measure(
         "skipped": skipped,
         "behind": max(0, expected - seen),
         "dupes": dupes,
+        "early": early,
         "p50_ms": round(float(p50 or 0) * 1000, 1),
         "p99_ms": round(float(p99 or 0) * 1000, 1),
         "max_ms": round(float(worst or 0) * 1000, 1),
@@ -258,7 +262,7 @@ def main() -> None:
                 result["side"] = side
                 result["load"] = [round(x, 2) for x in os.getloadavg()]
                 results.append(result)
-                failed = failed or result["dupes"] > 0
+                failed = failed or result["dupes"] > 0 or result["early"] > 0
                 say("   ", json.dumps(result, default=str), flush=True)
     load.append(os.getloadavg())
     if args.json:
@@ -266,7 +270,7 @@ def main() -> None:
     else:
         head = (
             "| side | asked/s | schedule | workers | jobs | runs/s | late p50 / p99 / max ms "
-            "| skipped | behind | dupes | saturated lines | load 1m |"
+            "| skipped | behind | dupes | early | saturated lines | load 1m |"
         )
         print()
         print(head)
@@ -276,10 +280,10 @@ def main() -> None:
                 f"| {r['side']} | {r['rate']:,} | {r['schedule']} | {r['workers']} | "
                 f"{r['jobs']:,} | {r['runs_per_s']:,} | {r['p50_ms']:,} / {r['p99_ms']:,} / "
                 f"{r['max_ms']:,} | {r['skipped']:,} | {r['behind']:,} | {r['dupes']} | "
-                f"{r['saturated_lines']} | {r['load'][0]} |"
+                f"{r['early']} | {r['saturated_lines']} | {r['load'][0]} |"
             )
         print(f"\nload average at start {load[0]}, at end {load[-1]}")
-        print("check", "FAILED (a slot ran twice)" if failed else "ok")
+        print("check", "FAILED (a slot ran twice or before its time)" if failed else "ok")
     sys.exit(1 if failed else 0)
 
 

@@ -54,6 +54,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 import tenure
+from tenure.scheduler.worker import FIRE_AHEAD
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
@@ -365,7 +366,8 @@ def claim_and_plan(
     from tenure.scheduler.jobs import channel_name, schedule_from_row
     from tenure.scheduler.schedules import plan
 
-    rows = conn.execute(queries(SCHEMA)["sched_claim"], {"limit": limit, "exclude": [], "app": APP})
+    params = {"limit": limit, "exclude": [], "app": APP, "ahead": FIRE_AHEAD}
+    rows = conn.execute(queries(SCHEMA)["sched_claim"], params)
     claims = claims_from_rows(rows.fetchall())[0]
     if not claims:
         return None
@@ -376,7 +378,7 @@ def claim_and_plan(
                 schedule_from_row(c.job_key, c.cron, c.every, c.timezone),
                 c.policy(),
                 c.state,
-                c.now,
+                c.at,
                 c.token,
             ),
         )
@@ -402,7 +404,7 @@ def explain(dsn: str, rounds: int, limits: tuple[int, ...]) -> dict[str, Any]:
             times: dict[str, list[tuple[float, float, float, int]]] = collections.defaultdict(list)
             for _ in range(rounds):
                 with conn.transaction(force_rollback=True):
-                    claim = {"limit": limit, "exclude": [], "app": APP}
+                    claim = {"limit": limit, "exclude": [], "app": APP, "ahead": FIRE_AHEAD}
                     times["sched_claim"].append(_explained(conn, opts + q["sched_claim"], claim))
                 with conn.transaction(force_rollback=True):
                     batch = claim_and_plan(conn, limit)
@@ -577,11 +579,12 @@ def window(
                percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - slot)),
                count(*) FILTER (WHERE outcome <> 'succeeded'),
                percentile_cont(0.5) WITHIN GROUP (
-                   ORDER BY extract(epoch FROM finished_at - started_at))
+                   ORDER BY extract(epoch FROM finished_at - started_at)),
+               count(*) FILTER (WHERE started_at < slot)
         FROM {s}.job_runs WHERE started_at >= %s AND started_at < %s
         """
     ).format(s=sql.Identifier(SCHEMA))
-    runs, p50, p99, not_ok, held = stats.execute(runs_q, (t0, t1)).fetchone() or (0,) * 5
+    runs, p50, p99, not_ok, held, early = stats.execute(runs_q, (t0, t1)).fetchone() or (0,) * 6
     skipped_q = sql.SQL(
         "SELECT count(*) FROM {s}.job_runs WHERE started_at IS NULL "
         "AND recorded_at >= %s AND recorded_at < %s"
@@ -620,6 +623,7 @@ def window(
         "runs_per_s": round(runs / seconds, 1),
         "skipped_slots": skipped,
         "not_succeeded": not_ok,
+        "started_early": early,
         "lateness_p50_ms": round((p50 or 0) * 1000, 1),
         "lateness_p99_ms": round((p99 or 0) * 1000, 1),
         "start_to_finish_p50_ms": round((held or 0) * 1000, 1),
@@ -703,7 +707,8 @@ def print_report(r: dict[str, Any]) -> None:
     )
     print(
         f"runs        {runs} = {r['runs_per_s']}/s, skipped {r['skipped_slots']}, "
-        f"not succeeded {r['not_succeeded']}, lateness p50 {r['lateness_p50_ms']} ms "
+        f"not succeeded {r['not_succeeded']}, started before the slot {r['started_early']}, "
+        f"lateness p50 {r['lateness_p50_ms']} ms "
         f"p99 {r['lateness_p99_ms']} ms; started->finished p50 {r['start_to_finish_p50_ms']} ms"
     )
     print(

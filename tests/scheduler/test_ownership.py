@@ -138,7 +138,7 @@ def test_register_refuses_another_apps_job_writing_nothing_and_adopt_takes_it(
         def claim(app: str) -> list[str]:
             rows = client._fetch(
                 "sched_claim",
-                {"limit": 10, "exclude": ["b-only"], "app": app},
+                {"limit": 10, "exclude": ["b-only"], "app": app, "ahead": 0.0},
                 doing="claiming",
                 wrote=True,
             )

@@ -103,7 +103,9 @@ def test_start_and_finish_are_never_prepared(dsn: str, schema: str) -> None:
         channel = ops.channel_name(schema)
         for _ in range(8):
             client._fetch("sched_finish", finish_params([], channel=channel), doing="finishing")
-            client._fetch("sched_claim", {"limit": 1, "exclude": [], "app": "a"}, doing="claim")
+            client._fetch(
+                "sched_claim", {"limit": 1, "exclude": [], "app": "a", "ahead": 0.0}, doing="claim"
+            )
         with client._pool.connection() as conn:
             prepared = [
                 text
@@ -179,7 +181,7 @@ def test_a_claimed_job_is_not_due_again_until_its_lease_expires(dsn: str, schema
     with tenure.connect(dsn, schema=schema) as client:
         ops.trigger(client, "k", channel=ops.channel_name(schema))
         rows = client._fetch(
-            "sched_claim", {"limit": 5, "exclude": [], "app": "a"}, doing="claiming"
+            "sched_claim", {"limit": 5, "exclude": [], "app": "a", "ahead": 0.0}, doing="claiming"
         )
         [claim] = claims_from_rows(rows)[0]
         [(due_at, passed)] = query(
@@ -190,7 +192,7 @@ def test_a_claimed_job_is_not_due_again_until_its_lease_expires(dsn: str, schema
         )
         assert (due_at, passed) == (claim.lease_until, False)
         again = client._fetch(
-            "sched_claim", {"limit": 5, "exclude": [], "app": "a"}, doing="claiming"
+            "sched_claim", {"limit": 5, "exclude": [], "app": "a", "ahead": 0.0}, doing="claiming"
         )
         assert claims_from_rows(again)[0] == []
         client._fetch(
@@ -206,6 +208,8 @@ def test_a_claimed_job_is_not_due_again_until_its_lease_expires(dsn: str, schema
         )
         assert (text, passed) == ("-infinity", True)  # the trigger is still pending
         [retaken] = claims_from_rows(
-            client._fetch("sched_claim", {"limit": 5, "exclude": [], "app": "a"}, doing="c")
+            client._fetch(
+                "sched_claim", {"limit": 5, "exclude": [], "app": "a", "ahead": 0.0}, doing="c"
+            )
         )[0]
     assert retaken.token == claim.token + 1

@@ -94,6 +94,16 @@ class Claim:
             quarantine_after,
         )
 
+    @property
+    def at(self) -> dt.datetime:
+        """The database time the claim is planned for: ``now``, or the job's next slot when
+        it was claimed ahead of that slot (fire-ahead: no retry or trigger pending, the slot
+        still to come)."""
+        state = self.state
+        if state.running_slot is None and state.trigger_at is None and state.next_slot > self.now:
+            return state.next_slot
+        return self.now
+
     def policy(self) -> Policy:
         grace = None if self.misfire_grace is None else self.misfire_grace.total_seconds()
         return Policy(self.misfire, grace, self.on_crash, self.quarantine_after)

@@ -6,11 +6,14 @@ Life of a run (statements in ``db/sql/scheduler.sql``):
    expired are locked with ``FOR UPDATE SKIP LOCKED`` and their leases taken over with
    token + 1, as many as the worker has free capacity. The statement also says when to look
    again (next due slot, or a live lease's expiry), so an idle worker costs one statement
-   per wake-up, however many jobs there are.
+   per wake-up, however many jobs there are. A job whose slot comes within
+   :data:`FIRE_AHEAD` is claimed ahead of it (fire-ahead), so its start can be recorded at
+   the slot itself rather than a claim's round trip after it.
 2. :func:`~.schedules.plan` decides in Python, from the claim's database times only: retry
    an unfinished slot, run the newest/oldest due slot (misfire policy), run a manual
    trigger; and computes the following slot with cronsim.
-3. ``sched_start`` (one statement per batch) records the plan, fenced on the claim's token:
+3. ``sched_start`` (one statement per batch, sent by the starter once the batch's slots
+   have come by the database clock) records the plan, fenced on the claim's token:
    ``next_slot`` moves forward only, skipped slots get history rows, the run gets its row.
 4. The job runs with its lease renewed every ttl/3 (the core's :class:`AsyncLease`). Async
    functions run as tasks on this loop (cancelled when the lease is lost); sync ones in
@@ -38,12 +41,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import heapq
+import itertools
 import logging
 import os
 import socket
 import threading
 import uuid
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
 
 from .. import metrics
 from .._acompat import monotonic
@@ -75,6 +81,30 @@ CONTENTION_BACKOFF = 0.02
 FINISH_BATCH = 1000
 #: The schema version that has the scheduler's tables (5: quarantine and app ownership).
 SCHEMA_VERSION = 5
+#: Fire-ahead, seconds: a job whose slot comes within this is claimed and planned before its
+#: slot, and its start is recorded at the slot (jobs with a TTL of at least ten times this;
+#: docs/safety.md, "Claiming ahead of the slot").
+FIRE_AHEAD = 0.2
+#: Most claims one start statement records.
+START_BATCH = 1000
+
+
+class _Planned:
+    """A claim planned and waiting for its start statement (at ``fire``, local monotonic)."""
+
+    __slots__ = ("claim", "decided", "fire", "schedule", "sent", "spec")
+
+    def __init__(
+        self,
+        claim: Claim,
+        spec: JobSpec,
+        schedule: Schedule,
+        decided: Plan,
+        sent: float,
+        fire: float,
+    ) -> None:
+        self.claim, self.spec, self.schedule, self.decided = claim, spec, schedule, decided
+        self.sent, self.fire = sent, fire
 
 
 class Worker:
@@ -99,10 +129,15 @@ class Worker:
         # Ended runs waiting for the finisher, and the finisher task while it runs.
         self._finishing: list[tuple[Finished, asyncio.Future[str]]] = []
         self._finisher: asyncio.Task[None] | None = None
-        # Claimed batches whose start statement is in flight, and how many claims they hold.
-        self._starts: set[asyncio.Task[None]] = set()
+        # Planned claims waiting for their start statement (a heap by fire time), the single
+        # starter task that sends them, and how many claims are claimed but not yet running.
+        self._pending: list[tuple[float, int, _Planned]] = []
+        self._order = itertools.count()
+        self._starter: asyncio.Task[None] | None = None
+        self._start_wake = asyncio.Event()
         self._starting = 0
-        self._start_lock = asyncio.Lock()
+        # Background tasks of the claim path (the starter, claims given back): drained at stop.
+        self._starts: set[asyncio.Task[None]] = set()
         #: Set once the worker has registered its jobs and claims (for embedding and tests).
         self.ready = threading.Event()
         self._wake = asyncio.Event()
@@ -158,6 +193,7 @@ class Worker:
         if cancel:
             self._cancel_now = True
         self._wake.set()
+        self._start_wake.set()  # claims taken ahead of their slots are given back
 
     # -- main -------------------------------------------------------------------------------
 
@@ -251,6 +287,7 @@ class Worker:
                             "limit": free,
                             "exclude": sorted(self._exclude),
                             "app": self.app_name,
+                            "ahead": FIRE_AHEAD,
                         },
                         doing="claiming due jobs",
                         wrote=True,
@@ -262,17 +299,16 @@ class Worker:
                     await self._sleep_unless_stopping(delay)
                     continue
                 failures = 0
+                received = monotonic()
                 claims, summary = claims_from_rows(rows)
                 now, ready_at = summary[19], summary[20]
                 self.saturation.started(now)
                 if claims:
-                    # Started in the background: the next claim goes out while this batch's
-                    # start statement is in flight (claims never overlap: a claimed job's
-                    # lease is live).
+                    # Started in the background by the starter, each at its slot: the next
+                    # claim goes out while start statements are in flight (claims never
+                    # overlap: a claimed job's lease is live).
                     self._starting += len(claims)
-                    task = asyncio.create_task(self._start_claimed(claims, sent))
-                    self._starts.add(task)
-                    task.add_done_callback(self._starts.discard)
+                    self._plan_claimed(claims, sent, received)
                 else:
                     self.saturation.observe(0, [], monotonic())
                 if len(claims) == free:
@@ -307,19 +343,12 @@ class Worker:
             self._schedules[key] = schedule
         return schedule
 
-    async def _start_claimed(self, claims: list[Claim], sent: float) -> None:
-        try:
-            # One start statement at a time (in claim order): with the claim and the finisher,
-            # three pooled connections at most, so renewals still find one.
-            async with self._start_lock:
-                await self._start(claims, sent)
-        finally:
-            launched = sum(1 for c in claims if (c.job_key, c.token) in self._running)
-            self._starting -= len(claims)
-            if launched < len(claims):
-                self._wake.set()  # capacity the claim reserved and no run took
-
-    async def _start(self, claims: list[Claim], sent: float) -> None:
+    def _plan_claimed(self, claims: list[Claim], sent: float, received: float) -> None:
+        """Plan a claimed batch and queue each plan for the starter at its fire time: at once
+        for a job already due, at its slot for one claimed ahead. The slot becomes a local
+        time by the claim's database ``now``, counted from when the claim's answer arrived:
+        the database read ``now`` before that, so no start is sent before its slot by the
+        database clock."""
         planned: list[tuple[Claim, JobSpec, Schedule, Plan]] = []
         foreign: list[Claim] = []
         for claim in claims:
@@ -342,7 +371,7 @@ class Worker:
                 )
             try:
                 decided = plan(
-                    self._schedule(claim), claim.policy(), claim.state, claim.now, claim.token
+                    self._schedule(claim), claim.policy(), claim.state, claim.at, claim.token
                 )
             except (InvalidArgument, ValueError) as exc:
                 log.error(
@@ -355,11 +384,90 @@ class Worker:
                 continue
             planned.append((claim, spec, self._schedule(claim), decided))
         if foreign:
-            await self._unclaim(foreign)
-            for claim in foreign:
+            self._starting -= len(foreign)
+            self._unclaim(foreign)
+            self._wake.set()  # capacity the claim reserved and no run took
+        for claim, spec, schedule, decided in planned:
+            # 0.1% later: the local clock may run slower than the database's (NTP holds the
+            # error under 500 ppm); over the fire-ahead that is far below a millisecond.
+            fire = received + (claim.at - claim.now).total_seconds() * 1.001
+            entry = _Planned(claim, spec, schedule, decided, sent, fire)
+            heapq.heappush(self._pending, (fire, next(self._order), entry))
+        if planned:
+            if self._starter is None:
+                self._starter = self._background(self._start_due())
+            else:
+                self._start_wake.set()
+
+    def _background(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.create_task(work)
+        self._starts.add(task)
+        task.add_done_callback(self._starts.discard)
+        return task
+
+    async def _start_due(self) -> None:
+        """The single starter: one ``sched_start`` at a time (with the claim and the finisher,
+        three pooled connections at most, so renewals still find one) for every queued plan
+        whose fire time has come. A stopping worker gives back the claims it took ahead of
+        their slots instead of starting them."""
+        try:
+            while self._pending:
+                now = monotonic()
+                if self._stopping and any(fire > now for fire, _n, _p in self._pending):
+                    ahead = [p for fire, _n, p in self._pending if fire > now]
+                    self._pending = [e for e in self._pending if e[0] <= now]
+                    heapq.heapify(self._pending)
+                    await self._give_back(ahead)
+                    continue
+                wait = self._pending[0][0] - monotonic()
+                if wait > 0:
+                    self._start_wake.clear()
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(wait):
+                            await self._start_wake.wait()
+                    continue
+                batch: list[_Planned] = []
+                keys: set[str] = set()
+                later: list[tuple[float, int, _Planned]] = []
+                now = monotonic()
+                while self._pending and self._pending[0][0] <= now and len(batch) < START_BATCH:
+                    entry = heapq.heappop(self._pending)
+                    if entry[2].claim.job_key in keys:
+                        # Its older claim (lease expired while it waited) is in this batch: a
+                        # start row is matched to its plan by job key, so one per statement.
+                        later.append(entry)
+                        continue
+                    keys.add(entry[2].claim.job_key)
+                    batch.append(entry[2])
+                for entry in later:
+                    heapq.heappush(self._pending, entry)
+                try:
+                    await self._start(batch)
+                finally:
+                    launched = sum(
+                        1 for p in batch if (p.claim.job_key, p.claim.token) in self._running
+                    )
+                    self._starting -= len(batch)
+                    if launched < len(batch):
+                        self._wake.set()  # capacity the claim reserved and no run took
+        finally:
+            self._starter = None
+
+    async def _give_back(self, planned: list[_Planned]) -> None:
+        """Release claims taken ahead of their slots, unstarted (the worker is stopping): the
+        jobs are due for other workers at their slots, as if never claimed."""
+        claims = [p.claim for p in planned]
+        try:
+            await self._release_claims(claims)
+        finally:
+            self._starting -= len(claims)
+            for claim in claims:
                 metrics.emit(metrics.RELEASE, claim.job_key, value=0.0)
-        if not planned:
-            return
+            self._wake.set()
+
+    async def _start(self, batch: list[_Planned]) -> None:
+        planned = [(p.claim, p.spec, p.schedule, p.decided) for p in batch]
+        sent = {p.claim.job_key: p.sent for p in batch}
         try:
             rows = await self.client._fetch(
                 "sched_start",
@@ -419,7 +527,9 @@ class Worker:
             if decided.run_slot is None:
                 metrics.emit(metrics.RELEASE, claim.job_key, value=0.0)
                 continue
-            self._launch(claim, spec, schedule, decided, started[claim.job_key], sent)
+            self._launch(
+                claim, spec, schedule, decided, started[claim.job_key], sent[claim.job_key]
+            )
 
     def _report_skipped(self, claim: Claim, decided: Plan) -> None:
         if not decided.skipped:
@@ -456,7 +566,9 @@ class Worker:
                 extra=extra,
             )
 
-    async def _unclaim(self, claims: list[Claim]) -> None:
+    def _unclaim(self, claims: list[Claim]) -> None:
+        """Leave jobs this worker cannot run to the workers that can: excluded from its
+        claims from now on (before the next claim is sent), their claims given back."""
         for claim in claims:
             if claim.job_key not in self._exclude:
                 log.warning(
@@ -467,6 +579,10 @@ class Worker:
                 )
             self._exclude.add(claim.job_key)
             metrics.emit(metrics.RELEASE, claim.job_key, value=0.0)
+        self._background(self._release_claims(claims))
+
+    async def _release_claims(self, claims: list[Claim]) -> None:
+        """``sched_unclaim``: the leases expire now and the jobs are due as before the claim."""
         try:
             await self.client._fetch(
                 "sched_unclaim",

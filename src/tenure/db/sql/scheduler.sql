@@ -113,11 +113,19 @@ FROM conflicts AS c;
 -- re-checked on the locked row, job_state.token moved in the same statement (strict
 -- fencing). claim_token records the
 -- newest claim: the start and finish statements are fenced on it.
--- A last row (job_key NULL) says when the worker should look again: the next due_at, the
--- earliest expiry of a live lease on a due job, or now if due jobs were left unclaimed
--- (NULL when the batch is full: the worker claims again at once).
+-- Fire-ahead: a job whose next slot comes within %(ahead)s seconds is claimed now, so that
+-- the worker can plan it and record its start at the slot itself instead of after a claim's
+-- round trip (docs/safety.md, "Claiming ahead of the slot"). Only jobs whose TTL is at least
+-- ten times that are claimed ahead: the lease is held a little longer than the run, never
+-- more than the tenth of the TTL that the renewal's safety margin already allows for.
+-- A last row (job_key NULL) says when the worker should look again: the next due_at (less
+-- the fire-ahead), the earliest expiry of a live lease on a due job, or now if due jobs were
+-- left unclaimed (NULL when the batch is full: the worker claims again at once).
 WITH clock AS MATERIALIZED (
-    SELECT clock_timestamp() AS now
+    SELECT clock_timestamp() AS now,
+           clock_timestamp() + make_interval(secs => %(ahead)s) AS horizon,
+           make_interval(secs => %(ahead)s) AS ahead,
+           make_interval(secs => 10 * %(ahead)s) AS ahead_ttl
 ), due AS MATERIALIZED (
     SELECT j.job_key, j.cron, j.every, j.timezone, j.ttl, j.misfire, j.misfire_grace,
            j.on_crash, j.revision, j.next_slot, j.done_slot, j.running_slot, j.running_kind,
@@ -132,7 +140,8 @@ WITH clock AS MATERIALIZED (
     FROM {schema}.scheduled_jobs AS j
     JOIN {schema}.job_state AS s ON s.job_key = j.job_key
     WHERE NOT j.paused
-      AND j.due_at <= (SELECT now FROM clock)
+      AND j.due_at <= (SELECT horizon FROM clock)
+      AND (j.due_at <= (SELECT now FROM clock) OR j.ttl >= (SELECT ahead_ttl FROM clock))
       AND j.job_key <> ALL (%(exclude)s::text[])
       AND (j.app IS NULL OR j.app = %(app)s)
       AND NOT EXISTS (
@@ -175,18 +184,26 @@ WITH clock AS MATERIALIZED (
     -- Only when the batch is not full: a worker that got a full batch claims again at once
     -- without reading it, and under load these scans cost more than the claim itself.
     SELECT CASE WHEN (SELECT count(*) FROM taken) < %(limit)s THEN least(
+        -- The next job to come within the fire-ahead (one that may not be claimed ahead
+        -- for its short TTL wakes the worker early once, then by the next line).
+        (SELECT min(j.due_at) - c.ahead FROM {schema}.scheduled_jobs AS j
+         WHERE NOT j.paused AND j.due_at > c.horizon
+           AND j.job_key <> ALL (%(exclude)s::text[])
+           AND (j.app IS NULL OR j.app = %(app)s)),
         (SELECT min(j.due_at) FROM {schema}.scheduled_jobs AS j
-         WHERE NOT j.paused AND j.due_at > c.now
+         WHERE NOT j.paused AND j.due_at > c.now AND j.due_at <= c.horizon
+           AND j.ttl < c.ahead_ttl
            AND j.job_key <> ALL (%(exclude)s::text[])
            AND (j.app IS NULL OR j.app = %(app)s)),
         (SELECT min(l.lease_until)
          FROM {schema}.scheduled_jobs AS j
          JOIN {schema}.job_leases AS l ON l.job_key = j.job_key
-         WHERE NOT j.paused AND j.due_at <= c.now AND l.lease_until >= c.now
+         WHERE NOT j.paused AND j.due_at <= c.horizon AND l.lease_until >= c.now
            AND j.job_key <> ALL (%(exclude)s::text[])
            AND (j.app IS NULL OR j.app = %(app)s)),
         (SELECT c.now FROM {schema}.scheduled_jobs AS j
-         WHERE NOT j.paused AND j.due_at <= c.now
+         WHERE NOT j.paused AND j.due_at <= c.horizon
+           AND (j.due_at <= c.now OR j.ttl >= c.ahead_ttl)
            AND j.job_key <> ALL (%(exclude)s::text[])
            AND (j.app IS NULL OR j.app = %(app)s)
            AND j.job_key NOT IN (SELECT job_key FROM due)

@@ -1,0 +1,148 @@
+"""Fire-ahead: a job whose slot comes within ``FIRE_AHEAD`` is claimed and planned before the
+slot, and its start is recorded at the slot (docs/safety.md, "Claiming ahead of the slot").
+
+The claim's round trip and the planning then no longer count as the slot's lateness. What
+must hold: no run starts before its slot by the database clock, only jobs whose TTL is at
+least ten times the fire-ahead are claimed early, and a worker that stops gives back the
+claims it took ahead instead of keeping them until their leases expire.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+
+import tenure
+from tenure.scheduler import worker as worker_module
+from tenure.scheduler.claim import claims_from_rows
+from tenure.scheduler.jobs import schedule_from_row
+from tenure.scheduler.schedules import plan
+from tests.support.scheduler_support import InProcessWorker, prepare, query, wait_for
+
+
+def slot_in(dsn: str, schema: str, key: str, seconds: float) -> dt.datetime:
+    """Move ``key``'s next slot to ``seconds`` from now by the database clock."""
+    [(slot,)] = query(
+        dsn,
+        schema,
+        "UPDATE {schema}.scheduled_jobs SET next_slot = clock_timestamp() + %s "
+        "WHERE job_key = %s RETURNING next_slot",
+        (dt.timedelta(seconds=seconds), key),
+    )
+    return slot  # type: ignore[no-any-return]
+
+
+def claim(client: tenure.Client, ahead: float) -> tuple[list[Any], Any]:
+    rows = client._fetch(
+        "sched_claim",
+        {"limit": 10, "exclude": [], "app": "a", "ahead": ahead},
+        doing="claiming",
+        wrote=True,
+    )
+    claims, summary = claims_from_rows(rows)
+    return claims, summary
+
+
+def test_the_claim_takes_a_job_ahead_of_its_slot_only_within_the_fire_ahead_and_a_long_ttl(
+    dsn: str, schema: str
+) -> None:
+    prepare(dsn, schema)
+    app = tenure.Scheduler(dsn, schema=schema, name="a")
+    app.add_job("long", lambda ctx: None, every="1h", ttl="30s")
+    app.add_job("short", lambda ctx: None, every="1h", ttl="1s")
+    app.register()
+    slot = slot_in(dsn, schema, "long", 1.0)
+    short_slot = slot_in(dsn, schema, "short", 1.5)
+    with tenure.connect(dsn, schema=schema) as client:
+        claims, summary = claim(client, 0.0)
+        assert claims == []
+        # Without fire-ahead: look again when the first slot comes.
+        assert summary[20] == slot
+
+        claims, summary = claim(client, 2.0)
+        # "short" (1 s TTL) may hold a lease only a tenth of its TTL longer than its run:
+        # it waits for its slot, and the worker is told to look again then.
+        assert [c.job_key for c in claims] == ["long"]
+        assert summary[20] == short_slot
+        [taken] = claims
+        assert taken.now < slot
+        assert taken.at == slot  # planned for its slot, not for the claim's now
+        decided = plan(
+            schedule_from_row(taken.job_key, taken.cron, taken.every, taken.timezone),
+            taken.policy(),
+            taken.state,
+            taken.at,
+            taken.token,
+        )
+        assert decided.run_slot == slot
+        assert decided.skipped == ()
+
+
+def test_a_worker_claims_ahead_and_starts_the_run_at_its_slot_by_the_database_clock(
+    dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(worker_module, "FIRE_AHEAD", 5.0)
+    prepare(dsn, schema)
+    seen: list[tuple[Any, ...]] = []
+    app = tenure.Scheduler(dsn, schema=schema, name="a")
+
+    @app.job("k", every="1h", ttl="60s")
+    def k(ctx: tenure.JobContext) -> None:
+        [row] = query(
+            dsn,
+            schema,
+            "SELECT acquired_at, clock_timestamp() FROM {schema}.job_leases WHERE job_key = %s",
+            (ctx.job_key,),
+        )
+        seen.append(row)
+
+    app.register()
+    slot = slot_in(dsn, schema, "k", 3.0)
+    with InProcessWorker(app):
+        wait_for(lambda: seen, timeout=20, what="the run")
+    [(acquired_at, in_body)] = seen
+    [(started_at, run_slot, outcome)] = query(
+        dsn,
+        schema,
+        "SELECT started_at, slot, outcome FROM {schema}.job_runs WHERE job_key = 'k'",
+    )
+    assert (run_slot, outcome) == (slot, "succeeded")
+    assert acquired_at < slot  # claimed ahead of the slot...
+    assert started_at >= slot  # ...but its start recorded at or after it
+    assert in_body >= started_at
+
+
+def test_a_stopping_worker_gives_back_the_claims_it_took_ahead(
+    dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(worker_module, "FIRE_AHEAD", 30.0)
+    prepare(dsn, schema)
+    ran: list[str] = []
+    app = tenure.Scheduler(dsn, schema=schema, name="a")
+    app.add_job("k", lambda ctx: ran.append("k"), every="1h", ttl="600s")
+    app.register()
+    slot = slot_in(dsn, schema, "k", 20.0)
+    with InProcessWorker(app):
+        wait_for(
+            lambda: query(
+                dsn,
+                schema,
+                "SELECT 1 FROM {schema}.job_leases WHERE job_key = 'k' "
+                "AND lease_until > clock_timestamp()",
+            ),
+            timeout=20,
+            what="the claim ahead of the slot",
+        )
+    [(live, held_until, next_slot, due_at)] = query(
+        dsn,
+        schema,
+        "SELECT l.lease_until > clock_timestamp(), j.held_until, j.next_slot, j.due_at "
+        "FROM {schema}.scheduled_jobs AS j JOIN {schema}.job_leases AS l USING (job_key) "
+        "WHERE j.job_key = 'k'",
+    )
+    # Released at once and due at its slot again, for any worker; nothing ran or was recorded.
+    assert (live, held_until, next_slot, due_at) == (False, None, slot, slot)
+    assert ran == []
+    assert query(dsn, schema, "SELECT count(*) FROM {schema}.job_runs") == [(0,)]
