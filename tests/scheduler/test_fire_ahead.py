@@ -10,15 +10,16 @@ claims it took ahead instead of keeping them until their leases expire.
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from typing import Any
 
 import pytest
 
 import tenure
 from tenure.scheduler import worker as worker_module
-from tenure.scheduler.claim import claims_from_rows
+from tenure.scheduler.claim import Claim, claims_from_rows
 from tenure.scheduler.jobs import schedule_from_row
-from tenure.scheduler.schedules import plan
+from tenure.scheduler.schedules import JobState, plan
 from tests.support.scheduler_support import InProcessWorker, prepare, query, wait_for
 
 
@@ -146,3 +147,31 @@ def test_a_stopping_worker_gives_back_the_claims_it_took_ahead(
     assert (live, held_until, next_slot, due_at) == (False, None, slot, slot)
     assert ran == []
     assert query(dsn, schema, "SELECT count(*) FROM {schema}.job_runs") == [(0,)]
+
+
+NOW = dt.datetime(2026, 12, 2, 12, 0, tzinfo=dt.UTC)
+
+
+def claimed(
+    next_slot: dt.datetime,
+    *,
+    running_slot: dt.datetime | None = None,
+    trigger_at: dt.datetime | None = None,
+    lease_until: dt.datetime = NOW + dt.timedelta(seconds=30),
+) -> Claim:
+    state = JobState(next_slot, None, running_slot, None, None, None, trigger_at, False, 0)
+    return Claim(
+        "k", uuid.uuid4(), 7, lease_until, None, dt.timedelta(hours=1), "UTC",
+        dt.timedelta(seconds=30), "skip", None, "retry", 1, state, NOW,
+    )  # fmt: skip
+
+
+def test_a_claim_is_planned_for_its_slot_only_when_it_was_taken_ahead_of_it() -> None:
+    soon, past = NOW + dt.timedelta(seconds=0.1), NOW - dt.timedelta(seconds=1)
+    assert claimed(soon).at == soon
+    assert claimed(past).at == NOW  # due already: planned for now, as every claim was
+    # A pending retry or manual trigger is due at once: it runs now, not at the next slot.
+    assert claimed(soon, running_slot=past).at == NOW
+    assert claimed(soon, trigger_at=past).at == NOW
+    # Never planned for a slot the lease just taken would not live to see.
+    assert claimed(soon, lease_until=soon).at == NOW

@@ -98,9 +98,13 @@ class Claim:
     def at(self) -> dt.datetime:
         """The database time the claim is planned for: ``now``, or the job's next slot when
         it was claimed ahead of that slot (fire-ahead: no retry or trigger pending, the slot
-        still to come)."""
+        still to come, and within the lease just taken)."""
         state = self.state
-        if state.running_slot is None and state.trigger_at is None and state.next_slot > self.now:
+        if (
+            state.running_slot is None
+            and state.trigger_at is None
+            and self.now < state.next_slot < self.lease_until
+        ):
             return state.next_slot
         return self.now
 
