@@ -131,6 +131,36 @@ class AsyncClient:
                 await self._drop_dead_connections()
             raise translate(exc, doing, wrote=wrote) from exc
 
+    async def _fetch_sized(
+        self,
+        name: str,
+        params: dict[str, Any],
+        *,
+        doing: str,
+        seconds: float,
+        serialize: str,
+        wrote: bool = False,
+    ) -> list[tuple[Any, ...]]:
+        """Run a statement whose work grows with its input (registering an app's 100,000s of
+        jobs takes seconds, longer on a busy server) in its own transaction: statement and
+        lock timeouts of ``seconds`` instead of the pool's 5 s and 2 s, and one at a time per
+        ``serialize`` name in this schema (a transaction-level advisory lock), so that workers
+        started together queue behind the first instead of timing out on its new rows."""
+        ms = f"{max(1, round(seconds * 1000))}ms"
+        with mapped(doing, wrote=wrote):
+            async with self._pool.connection() as conn, conn.transaction():
+                await conn.execute(
+                    b"SELECT set_config('statement_timeout', %s, true), "
+                    b"set_config('lock_timeout', %s, true)",
+                    (ms, ms),
+                )
+                await conn.execute(
+                    b"SELECT pg_advisory_xact_lock(hashtext(%s))",
+                    (f"tenure:{self.schema}:{serialize}",),
+                )
+                cur = await conn.execute(self._queries[name], params)
+                return await cur.fetchall()
+
     async def _drop_dead_connections(self) -> None:
         """After a connection failure (server restart, terminated backends), test the idle
         connections once, so the next calls get live ones instead of failing one by one."""
