@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import gc
 import os
 import sys
 import threading
@@ -255,3 +256,11 @@ def waits(ctx: tenure.JobContext) -> None:
 @isolated.job("neighbour", every="1s", ttl="5s", misfire="all")
 def isolated_neighbour(ctx: tenure.JobContext) -> None:
     record(ctx)
+
+
+collector_probe = tenure.Scheduler()
+
+
+@collector_probe.job("gc-probe", every="1s", ttl="5s")
+def gc_probe(ctx: tenure.JobContext) -> None:
+    record(ctx, f"threshold={gc.get_threshold()[0]} frozen={gc.get_freeze_count() > 0}")

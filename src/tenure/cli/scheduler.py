@@ -273,6 +273,9 @@ def worker_command(
             flags="--ui-port (0: any free port) or --ui-host",
         )
         dashboard = BackgroundServer(built.app, sock).start()
+    from ..scheduler import collector
+
+    collector.settle()  # this process is the worker: the collector is ours to tune
     try:
         scheduler.run(concurrency=concurrency, shutdown_grace=shutdown_grace, adopt=adopt)
     finally:
