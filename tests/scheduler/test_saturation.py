@@ -203,3 +203,45 @@ def test_sync_bodies_ending_together_wake_the_loop_once_not_once_each() -> None:
     results, wakeups = asyncio.run(main())
     assert results == [7] * bodies
     assert wakeups <= bodies // 10, wakeups
+
+
+def test_slots_held_up_by_another_holders_lease_are_not_the_workers_saturation(
+    dsn: str, schema: str
+) -> None:
+    """A holder that froze or died with a job's lease (here: a lease taken and never renewed)
+    keeps the job's slots from every worker until the lease expires. The worker that then
+    takes the job over and skips the slots in between is not falling behind: before, it said
+    it was saturated (seen in the observability scenario, whose stalled worker had claimed a
+    job ahead of its slot)."""
+    prepare(dsn, schema)
+    app = tenure.Scheduler(dsn, schema=schema, name="a")
+    app.add_job("held", lambda ctx: None, every="1s", ttl="5s")
+    app.register()
+    with tenure.connect(dsn, schema=schema) as client:
+        assert client.acquire("held", ttl="3s") is not None
+    events: list[metrics.Event] = []
+    unsubscribe = metrics.subscribe(events.append)
+    try:
+        with captured() as records, InProcessWorker(app):
+            wait_for(
+                lambda: query(
+                    dsn,
+                    schema,
+                    "SELECT 1 FROM {schema}.job_runs WHERE job_key = 'held' "
+                    "AND started_at IS NOT NULL",
+                ),
+                timeout=20,
+                what="the run after the lease expired",
+            )
+    finally:
+        unsubscribe()
+    # The scenario happened: slots came due under the other lease and were skipped...
+    assert query(
+        dsn,
+        schema,
+        "SELECT 1 FROM {schema}.job_runs WHERE job_key = 'held' AND outcome = 'misfire_skipped' "
+        "LIMIT 1",
+    )
+    # ...and the worker did not call that its own falling behind.
+    assert [e for e in events if e.name == metrics.SATURATED] == []
+    assert not [r for r in records if "saturated" in r.getMessage()]

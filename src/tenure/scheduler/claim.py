@@ -36,6 +36,8 @@ class Claim:
     state: JobState
     now: dt.datetime
     quarantine_after: int | None = None
+    #: When the lease before this claim ended (expired or released); None: the job's first.
+    freed_at: dt.datetime | None = None
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> Claim:
@@ -64,6 +66,7 @@ class Claim:
             prior_gone,
             crash_streak,
             quarantine_after,
+            freed_at,
         ) = row
         state = JobState(
             next_slot,
@@ -92,7 +95,13 @@ class Claim:
             state,
             now,
             quarantine_after,
+            freed_at,
         )
+
+    def held_elsewhere(self, slot: dt.datetime) -> bool:
+        """Whether ``slot`` came due while the job's previous lease still kept it from being
+        claimed (a holder that overran, froze or died): its lateness is not this worker's."""
+        return self.freed_at is not None and slot < self.freed_at
 
     @property
     def at(self) -> dt.datetime:

@@ -3,7 +3,9 @@ running are skipped (misfire) or start more than :data:`LAG` late. It then logs 
 (once, and again every :data:`REPEAT` seconds while it lasts, with the counts) and emits the
 ``worker_saturated`` metric event (1.0; 0.0 once :data:`WINDOW` seconds pass without
 either). Slots older than the worker's start do not count: a backlog left by workers that
-were all down is not this worker falling behind."""
+were all down is not this worker falling behind. Nor do slots that came due while another
+holder's lease kept the job (it overran, froze or died): a run's lateness counts from that
+lease's end, and slots skipped before it do not count (``Claim.held_elsewhere``)."""
 
 from __future__ import annotations
 

@@ -498,12 +498,19 @@ class Worker:
         for claim, _spec, _schedule, decided in planned:
             if claim.job_key not in recorded:
                 continue
+            # Saturation is this worker falling behind: a slot that came due while another
+            # holder's lease kept the job (it overran, froze or died) counts from the lease's
+            # end, and one skipped then does not count.
             skipped += sum(
-                s.outcome == "misfire_skipped" and counts(s.slot) for s in decided.skipped
+                s.outcome == "misfire_skipped"
+                and counts(s.slot)
+                and not claim.held_elsewhere(s.slot)
+                for s in decided.skipped
             )
             slot = decided.run_slot
             if decided.run_kind == "scheduled" and slot is not None and counts(slot):
-                lateness.append((started[claim.job_key] - slot).total_seconds())
+                since = max(slot, claim.freed_at) if claim.freed_at is not None else slot
+                lateness.append((started[claim.job_key] - since).total_seconds())
         self.saturation.observe(skipped, lateness, monotonic())
         for claim, spec, schedule, decided in planned:
             extra = {"job": claim.job_key, "token": claim.token}

@@ -136,7 +136,11 @@ WITH clock AS MATERIALIZED (
            (j.running_token IS NOT NULL AND EXISTS (
                SELECT 1 FROM {schema}.job_runs AS r
                WHERE r.job_key = j.job_key AND r.token = j.running_token
-                 AND r.started_at IS NOT NULL AND r.outcome = 'running')) AS prior_gone
+                 AND r.started_at IS NOT NULL AND r.outcome = 'running')) AS prior_gone,
+           -- When the lease before this claim ended (expired or released): slots that came
+           -- due while another holder kept the job are not this worker falling behind.
+           (SELECT l.lease_until FROM {schema}.job_leases AS l
+            WHERE l.job_key = j.job_key) AS freed_at
     FROM {schema}.scheduled_jobs AS j
     JOIN {schema}.job_state AS s ON s.job_key = j.job_key
     WHERE NOT j.paused
@@ -219,18 +223,20 @@ WITH clock AS MATERIALIZED (
 -- estimated row each and joins them by a nested loop, which for a batch of n claims
 -- compared n * n keys (a batch of 1,000 spent most of its time there).
 SELECT t.job_key, t.lease_owner, t.fencing_token, t.lease_until, NULL, NULL, NULL, NULL, NULL,
-       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       NULL
 FROM taken AS t
 UNION ALL
 SELECT d.job_key, NULL, NULL, NULL, d.cron, d.every, d.timezone,
        d.ttl, d.misfire, d.misfire_grace, d.on_crash, d.revision, d.next_slot, d.done_slot,
        d.running_slot, d.running_kind, d.running_token, d.running_attempt, d.trigger_at,
-       c.now, NULL::timestamptz AS ready_at, d.prior_gone, d.crash_streak, d.quarantine_after
+       c.now, NULL::timestamptz AS ready_at, d.prior_gone, d.crash_streak, d.quarantine_after,
+       d.freed_at
 FROM due AS d
 CROSS JOIN clock AS c
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, NULL, NULL, NULL, NULL, r.now, r.ready_at, NULL, NULL, NULL
+       NULL, NULL, NULL, NULL, NULL, r.now, r.ready_at, NULL, NULL, NULL, NULL
 FROM ready AS r;
 
 -- name: sched_start
