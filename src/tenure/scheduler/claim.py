@@ -98,10 +98,15 @@ class Claim:
             freed_at,
         )
 
+    def due_here(self, slot: dt.datetime) -> dt.datetime:
+        """When ``slot`` became this worker's to run: the slot, or the end of the job's
+        previous lease if that lease kept it from being claimed (a holder that overran,
+        froze or died). Lateness before then is not this worker's."""
+        return slot if self.freed_at is None else max(slot, self.freed_at)
+
     def held_elsewhere(self, slot: dt.datetime) -> bool:
-        """Whether ``slot`` came due while the job's previous lease still kept it from being
-        claimed (a holder that overran, froze or died): its lateness is not this worker's."""
-        return self.freed_at is not None and slot < self.freed_at
+        """Whether ``slot`` came due while the job's previous lease still kept it."""
+        return self.due_here(slot) > slot
 
     @property
     def at(self) -> dt.datetime:

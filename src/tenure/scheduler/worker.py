@@ -90,21 +90,16 @@ START_BATCH = 1000
 
 
 class _Planned:
-    """A claim planned and waiting for its start statement (at ``fire``, local monotonic)."""
+    """A claim planned and waiting for its start statement (``sent``: the claim's send time,
+    where its lease's local deadline counts from)."""
 
-    __slots__ = ("claim", "decided", "fire", "schedule", "sent", "spec")
+    __slots__ = ("claim", "decided", "schedule", "sent", "spec")
 
     def __init__(
-        self,
-        claim: Claim,
-        spec: JobSpec,
-        schedule: Schedule,
-        decided: Plan,
-        sent: float,
-        fire: float,
+        self, claim: Claim, spec: JobSpec, schedule: Schedule, decided: Plan, sent: float
     ) -> None:
         self.claim, self.spec, self.schedule, self.decided = claim, spec, schedule, decided
-        self.sent, self.fire = sent, fire
+        self.sent = sent
 
 
 class Worker:
@@ -391,7 +386,7 @@ class Worker:
             # 0.1% later: the local clock may run slower than the database's (NTP holds the
             # error under 500 ppm); over the fire-ahead that is far below a millisecond.
             fire = received + (claim.at - claim.now).total_seconds() * 1.001
-            entry = _Planned(claim, spec, schedule, decided, sent, fire)
+            entry = _Planned(claim, spec, schedule, decided, sent)
             heapq.heappush(self._pending, (fire, next(self._order), entry))
         if planned:
             if self._starter is None:
@@ -413,13 +408,13 @@ class Worker:
         try:
             while self._pending:
                 now = monotonic()
-                if self._stopping and any(fire > now for fire, _n, _p in self._pending):
-                    ahead = [p for fire, _n, p in self._pending if fire > now]
+                ahead = [p for fire, _n, p in self._pending if fire > now] if self._stopping else []
+                if ahead:
                     self._pending = [e for e in self._pending if e[0] <= now]
                     heapq.heapify(self._pending)
                     await self._give_back(ahead)
                     continue
-                wait = self._pending[0][0] - monotonic()
+                wait = self._pending[0][0] - now
                 if wait > 0:
                     self._start_wake.clear()
                     with contextlib.suppress(TimeoutError):
@@ -466,13 +461,11 @@ class Worker:
             self._wake.set()
 
     async def _start(self, batch: list[_Planned]) -> None:
-        planned = [(p.claim, p.spec, p.schedule, p.decided) for p in batch]
-        sent = {p.claim.job_key: p.sent for p in batch}
         try:
             rows = await self.client._fetch(
                 "sched_start",
                 start_params(
-                    [(c, d) for c, _spec, _schedule, d in planned],
+                    [(p.claim, p.decided) for p in batch],
                     worker=self.id,
                     host=self.host,
                     pid=self.pid,
@@ -484,18 +477,19 @@ class Worker:
             log.warning(
                 "recording %d claims failed; their leases expire and the slots are claimed "
                 "again: %s",
-                len(planned),
+                len(batch),
                 exc,
             )
-            for claim, *_ in planned:
-                metrics.emit(metrics.RELEASE, claim.job_key, value=0.0)
+            for p in batch:
+                metrics.emit(metrics.RELEASE, p.claim.job_key, value=0.0)
             return
         # A row per recorded job (started_at NULL) and one per run with its start.
         recorded = {key for key, _at in rows}
         started: dict[str, dt.datetime] = {key: at for key, at in rows if at is not None}
         skipped, lateness = 0, []
         counts = self.saturation.counts
-        for claim, _spec, _schedule, decided in planned:
+        for p in batch:
+            claim, decided = p.claim, p.decided
             if claim.job_key not in recorded:
                 continue
             # Saturation is this worker falling behind: a slot that came due while another
@@ -509,10 +503,10 @@ class Worker:
             )
             slot = decided.run_slot
             if decided.run_kind == "scheduled" and slot is not None and counts(slot):
-                since = max(slot, claim.freed_at) if claim.freed_at is not None else slot
-                lateness.append((started[claim.job_key] - since).total_seconds())
+                lateness.append((started[claim.job_key] - claim.due_here(slot)).total_seconds())
         self.saturation.observe(skipped, lateness, monotonic())
-        for claim, spec, schedule, decided in planned:
+        for p in batch:
+            claim, decided = p.claim, p.decided
             extra = {"job": claim.job_key, "token": claim.token}
             if claim.job_key not in recorded:
                 log.warning(
@@ -534,9 +528,7 @@ class Worker:
             if decided.run_slot is None:
                 metrics.emit(metrics.RELEASE, claim.job_key, value=0.0)
                 continue
-            self._launch(
-                claim, spec, schedule, decided, started[claim.job_key], sent[claim.job_key]
-            )
+            self._launch(claim, p.spec, p.schedule, decided, started[claim.job_key], p.sent)
 
     def _report_skipped(self, claim: Claim, decided: Plan) -> None:
         if not decided.skipped:
