@@ -386,8 +386,13 @@ def claim_and_plan(
     ]
     c, d = planned[0]
     assert d.run_slot is not None and d.run_kind is not None
-    ended = Finished(c.job_key, c.token, c.owner, d.run_slot, d.run_kind, True, "succeeded", None)
-    finish = finish_params([ended], channel=channel_name(SCHEMA))
+    [(now,)] = conn.execute("SELECT clock_timestamp()").fetchall()
+    ended = Finished(
+        c.job_key, c.token, c.owner, d.run_slot, d.run_kind, d.attempt, now, True, "succeeded", None
+    )
+    finish = finish_params(
+        [ended], channel=channel_name(SCHEMA), worker="profile", host="profile", pid=0
+    )
     return start_params(planned, worker="profile", host="profile", pid=0), finish
 
 

@@ -148,7 +148,12 @@ def test_sigterm_hands_a_running_slot_over_within_a_second(
             lambda: len(evidence(dsn, schema, "long-sync")) == 2, timeout=5, what="the takeover"
         )
         log = leaving.log()
-    first, second = history(dsn, schema, "long-sync")
+        # A run in progress gets its history row a second after its start (RUNNING_ROW_AFTER).
+        first, second = wait_for(
+            lambda: rows if len(rows := history(dsn, schema, "long-sync")) == 2 else None,
+            timeout=5,
+            what="the successor's run in history",
+        )
     assert (first[1], first[2], first[4]) == (token, leaving.pid, "cancelled")
     assert (second[0], second[1], second[2], second[4]) == (slot, token + 1, staying.pid, "running")
     handover = (second[5] - first[6]).total_seconds()  # database clock, TTL is 30s

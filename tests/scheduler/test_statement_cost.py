@@ -31,10 +31,9 @@ def due(dsn: str, schema: str, key: str) -> tuple[Any, ...]:
         dsn,
         schema,
         "SELECT j.due_at::text, j.due_at <= clock_timestamp(), "
-        "CASE WHEN isfinite(j.due_at) THEN j.due_at - r.started_at END, "
+        "CASE WHEN isfinite(j.due_at) THEN j.due_at - j.running_started_at END, "
         "j.due_at = j.next_slot, j.running_slot "
         "FROM {schema}.scheduled_jobs AS j "
-        "LEFT JOIN {schema}.job_runs AS r ON r.job_key = j.job_key AND r.token = j.running_token "
         "WHERE j.job_key = %s",
         (key,),
     )
@@ -100,9 +99,14 @@ def test_start_and_finish_are_never_prepared(dsn: str, schema: str) -> None:
     for the connection's life: a plan made while job_runs was empty kept reading all of it."""
     prepare(dsn, schema)
     with tenure.connect(dsn, schema=schema, pool_size=1) as client:
-        channel = ops.channel_name(schema)
+        where: dict[str, Any] = {
+            "channel": ops.channel_name(schema),
+            "worker": "w",
+            "host": "h",
+            "pid": 1,
+        }
         for _ in range(8):
-            client._fetch("sched_finish", finish_params([], channel=channel), doing="finishing")
+            client._fetch("sched_finish", finish_params([], **where), doing="finishing")
             client._fetch(
                 "sched_claim", {"limit": 1, "exclude": [], "app": "a", "ahead": 0.0}, doing="claim"
             )
@@ -147,10 +151,10 @@ def test_a_small_finish_batch_reads_its_rows_by_index(dsn: str, schema: str) -> 
         query(dsn, schema, f"VACUUM ANALYZE {{schema}}.{table}")
     now = dt.datetime.now(dt.UTC)
     batch = [
-        Finished(f"job-{n}", n, uuid.uuid4(), now, "scheduled", True, "succeeded", None)
+        Finished(f"job-{n}", n, uuid.uuid4(), now, "scheduled", 1, now, True, "succeeded", None)
         for n in (1, 2, 3)
     ]
-    params = finish_params(batch, channel=ops.channel_name(schema))
+    params = finish_params(batch, channel=ops.channel_name(schema), worker="w", host="h", pid=1)
     with psycopg.connect(dsn) as conn:
         [(doc,)] = conn.execute(
             b"EXPLAIN (FORMAT JSON) " + named_query(schema, "sched_finish"), params
@@ -213,3 +217,93 @@ def test_a_claimed_job_is_not_due_again_until_its_lease_expires(dsn: str, schema
             )
         )[0]
     assert retaken.token == claim.token + 1
+
+
+def _job_runs_writes(dsn: str, schema: str) -> tuple[int, int]:
+    [row] = query(
+        dsn,
+        schema,
+        "SELECT n_tup_ins, n_tup_upd FROM pg_stat_user_tables "
+        "WHERE schemaname = %s AND relname = 'job_runs'",
+        (schema,),
+    )
+    return row
+
+
+def test_a_run_writes_its_history_row_once(dsn: str, schema: str) -> None:
+    """Before migration 12 the start inserted a 'running' row and the finish updated it. That
+    update is never heap-only (outcome is in two of job_runs' indexes), so each run wrote an
+    entry in each of its six indexes twice, and the insert doubled the start statement."""
+    prepare(dsn, schema)
+    app = tenure.Scheduler(dsn, schema=schema)
+    keys = [f"k{n}" for n in range(20)]
+    for key in keys:
+        app.add_job(key, lambda ctx: None, cron=NEVER, ttl="30s")
+    with tenure.connect(dsn, schema=schema) as client, InProcessWorker(app):
+        for key in keys:
+            ops.trigger(client, key, channel=ops.channel_name(schema))
+        wait_for(
+            lambda: (
+                query(
+                    dsn,
+                    schema,
+                    "SELECT count(*) FROM {schema}.job_runs WHERE outcome = 'succeeded'",
+                )[0][0]
+                == len(keys)
+            ),
+            timeout=20,
+            what="the runs",
+        )
+    # A backend's counts reach pg_stat_user_tables when it goes idle or exits (the worker's
+    # connections closed with it).
+    inserted, updated = wait_for(
+        lambda: (row := _job_runs_writes(dsn, schema))[0] >= len(keys) and row,
+        timeout=15,
+        what="the table statistics",
+    )
+    assert (inserted, updated) == (len(keys), 0)
+
+
+def test_a_long_run_is_in_history_while_it_runs_and_completed_in_place(
+    dsn: str, schema: str
+) -> None:
+    """A run that outlives RUNNING_ROW_AFTER gets its 'running' row while it runs (history and
+    the dashboard show it); its finish completes that row, it does not add a second one."""
+    prepare(dsn, schema)
+    release = threading.Event()
+    app = tenure.Scheduler(dsn, schema=schema)
+
+    @app.job("long", cron=NEVER, ttl="30s")
+    def long(ctx: tenure.JobContext) -> None:
+        release.wait(20)
+
+    history = (
+        "SELECT run_id, outcome, started_at, finished_at, recorded_at, worker_id, owner "
+        "FROM {schema}.job_runs WHERE job_key = 'long'"
+    )
+    with tenure.connect(dsn, schema=schema) as client, InProcessWorker(app):
+        ops.trigger(client, "long", channel=ops.channel_name(schema))
+        [running] = wait_for(lambda: query(dsn, schema, history), timeout=10, what="a row")
+        [(started_at, owner)] = query(
+            dsn,
+            schema,
+            "SELECT running_started_at, running_owner FROM {schema}.scheduled_jobs "
+            "WHERE job_key = 'long'",
+        )
+        release.set()
+        [done] = wait_for(
+            lambda: [r for r in query(dsn, schema, history) if r[1] != "running"],
+            timeout=10,
+            what="the finish",
+        )
+    assert running[1] == "running" and running[3] is None
+    assert (running[2], running[4], running[6]) == (started_at, started_at, owner)
+    assert (done[0], done[1], done[2], done[4], done[5]) == (
+        running[0],
+        "succeeded",
+        started_at,
+        started_at,
+        running[5],
+    )
+    assert done[3] is not None and done[3] > started_at
+    assert len(query(dsn, schema, history)) == 1

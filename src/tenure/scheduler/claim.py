@@ -253,13 +253,18 @@ class Finished:
     owner: uuid.UUID
     slot: dt.datetime
     kind: str
+    attempt: int
+    started_at: dt.datetime
     done: bool
     outcome: str
     error: str | None
 
 
-def finish_params(finished: Sequence[Finished], *, channel: str) -> dict[str, Any]:
-    """The parameters of ``sched_finish`` for a batch of finished runs (one JSON text)."""
+def finish_params(
+    finished: Sequence[Finished], *, channel: str, worker: str, host: str, pid: int
+) -> dict[str, Any]:
+    """The parameters of ``sched_finish`` for a batch of finished runs (one JSON text): each
+    run's end and what its history row needs, which the finish writes (migration 12)."""
     runs = [
         {
             "job_key": f.job_key,
@@ -267,6 +272,8 @@ def finish_params(finished: Sequence[Finished], *, channel: str) -> dict[str, An
             "owner": str(f.owner),
             "slot": f.slot.isoformat(),
             "kind": f.kind,
+            "attempt": f.attempt,
+            "started_at": f.started_at.isoformat(),
             "done": f.done,
             "outcome": f.outcome,
             "error": _text(f.error),
@@ -277,4 +284,44 @@ def finish_params(finished: Sequence[Finished], *, channel: str) -> dict[str, An
         "runs": json.dumps(runs, separators=(",", ":")),
         "count": len(runs),
         "channel": channel,
+        "worker": worker,
+        "host": host,
+        "pid": pid,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class InProgress:
+    """A run still going, whose 'running' history row ``sched_running`` writes."""
+
+    job_key: str
+    token: int
+    owner: uuid.UUID
+    slot: dt.datetime
+    kind: str
+    attempt: int
+    started_at: dt.datetime
+
+
+def running_params(
+    runs: Sequence[InProgress], *, worker: str, host: str, pid: int
+) -> dict[str, Any]:
+    """The parameters of ``sched_running`` (one JSON text)."""
+    rows = [
+        {
+            "job_key": r.job_key,
+            "token": r.token,
+            "owner": str(r.owner),
+            "slot": r.slot.isoformat(),
+            "kind": r.kind,
+            "attempt": r.attempt,
+            "started_at": r.started_at.isoformat(),
+        }
+        for r in runs
+    ]
+    return {
+        "runs": json.dumps(rows, separators=(",", ":")),
+        "worker": worker,
+        "host": host,
+        "pid": pid,
     }

@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+#: Guards the contexts' stop flags and their Events (made on first use, see _event).
+_EVENTS = threading.Lock()
+
 
 class JobResults:
     """``ctx.results``: the job's fenced result store. ``put`` is strict
@@ -92,7 +95,10 @@ class JobContext:
         self._client = client
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
-        self._cancel = threading.Event()
+        # A flag, and an Event made only for a body that waits on it (ctx.wait): one Event
+        # per run (a Condition and two locks) was a few percent of a busy worker's CPU.
+        self._stopped = False
+        self._cancel: threading.Event | None = None
         self._reason: str | None = None
         self._stale = False
 
@@ -113,9 +119,9 @@ class JobContext:
     @property
     def cancelled(self) -> bool:
         """True once the lease is lost or the worker is shutting down: stop working."""
-        if not self._cancel.is_set() and self.lease.lost:
+        if not self._stopped and self.lease.lost:
             self._stop(self.lease.lost_reason or "the lease is lost")
-        return self._cancel.is_set()
+        return self._stopped
 
     def check(self) -> None:
         """Raise :class:`~tenure.LeaseLost` if this run must stop."""
@@ -128,7 +134,7 @@ class JobContext:
         deadline = parse_duration(seconds, what="ctx.wait() seconds")
         while deadline > 0 and not self.cancelled:
             step = min(deadline, 0.1)
-            self._cancel.wait(step)
+            self._event().wait(step)
             deadline -= step
         return self.cancelled
 
@@ -150,9 +156,21 @@ class JobContext:
     # -- worker side ------------------------------------------------------------------------
 
     def _stop(self, reason: str) -> None:
-        if self._reason is None:
-            self._reason = reason
-        self._cancel.set()
+        with _EVENTS:
+            if self._reason is None:
+                self._reason = reason
+            self._stopped = True
+            if self._cancel is not None:
+                self._cancel.set()
+
+    def _event(self) -> threading.Event:
+        """The Event that ``_stop`` sets (made on first use, set if already stopped)."""
+        with _EVENTS:
+            if self._cancel is None:
+                self._cancel = threading.Event()
+                if self._stopped:
+                    self._cancel.set()
+            return self._cancel
 
     def _call(self, coro: Coroutine[Any, Any, T], instead: str) -> T:
         """Run a coroutine on the worker's loop from a sync job's thread and wait for it."""

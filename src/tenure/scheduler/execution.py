@@ -44,9 +44,15 @@ class Run:
     kind: str
     ctx: JobContext
     lease: AsyncLease
+    #: The run's start as recorded (database time), and when it was launched (monotonic).
+    started_at: dt.datetime
+    launched: float
     task: asyncio.Task[None] | None = None
     body: asyncio.Future[Any] | None = None
     shutdown: bool = False
+    #: Its history row is written ('running', sched_running), or its end is queued.
+    row_written: bool = False
+    ended: bool = False
 
 
 class BodyRaised(Exception):

@@ -59,7 +59,16 @@ from ..leases._async.client import AsyncClient, connect_async, default_margin
 from ..leases._async.lease import AsyncLease
 from ..leases.models import Grant
 from .background import listen, prune
-from .claim import Claim, Finished, claims_from_rows, finish_params, run_fields, start_params
+from .claim import (
+    Claim,
+    Finished,
+    InProgress,
+    claims_from_rows,
+    finish_params,
+    run_fields,
+    running_params,
+    start_params,
+)
 from .context import JobContext
 from .execution import Run, execute
 from .jobs import channel_name, schedule_from_row
@@ -87,6 +96,10 @@ SCHEMA_VERSION = 5
 FIRE_AHEAD = 0.2
 #: Most claims one start statement records.
 START_BATCH = 1000
+#: Seconds: a run still going this long after its start gets its history row now (outcome
+#: 'running', completed by its finish), so that history and the dashboard show it; a shorter
+#: run's row is written once, at its end (migration 12).
+RUNNING_ROW_AFTER = 1.0
 
 
 class _Planned:
@@ -227,6 +240,7 @@ class Worker:
             pruner = prune(self.client, self.app.retention)
             tasks.append(asyncio.create_task(listener, name="tenure-listen"))
             tasks.append(asyncio.create_task(pruner, name="tenure-prune"))
+            tasks.append(asyncio.create_task(self._rows_in_progress(), name="tenure-running"))
             log.info(
                 "tenure %s started: %d jobs, concurrency %d, schema %r on %s, app %r, "
                 "history kept %s (inbox claims %s)",
@@ -405,6 +419,7 @@ class Worker:
         three pooled connections at most, so renewals still find one) for every queued plan
         whose fire time has come. A stopping worker gives back the claims it took ahead of
         their slots instead of starting them."""
+        loop = asyncio.get_running_loop()
         try:
             while self._pending:
                 now = monotonic()
@@ -436,17 +451,28 @@ class Worker:
                     batch.append(entry[2])
                 for entry in later:
                     heapq.heappush(self._pending, entry)
+                rows: list[tuple[Any, ...]] | None = None
                 try:
-                    await self._start(batch)
+                    rows = await self._send_start(batch)
                 finally:
-                    launched = sum(
-                        1 for p in batch if (p.claim.job_key, p.claim.token) in self._running
-                    )
-                    self._starting -= len(batch)
-                    if launched < len(batch):
-                        self._wake.set()  # capacity the claim reserved and no run took
+                    # Launched in a callback, after this loop has sent the next start (it
+                    # does so before it next yields): the server records the next batch
+                    # while this one's runs are set up, instead of waiting for them.
+                    loop.call_soon(self._started, batch, rows)
         finally:
             self._starter = None
+
+    def _started(self, batch: list[_Planned], rows: list[tuple[Any, ...]] | None) -> None:
+        """Launch the runs of a start batch (``rows``: the statement's answer; None: it was
+        not recorded) and give back the capacity of the claims that did not become runs."""
+        try:
+            if rows is not None:
+                self._launch_started(batch, rows)
+        finally:
+            launched = sum(1 for p in batch if (p.claim.job_key, p.claim.token) in self._running)
+            self._starting -= len(batch)
+            if launched < len(batch):
+                self._wake.set()  # capacity the claim reserved and no run took
 
     async def _give_back(self, planned: list[_Planned]) -> None:
         """Release claims taken ahead of their slots, unstarted (the worker is stopping): the
@@ -460,7 +486,8 @@ class Worker:
                 metrics.emit(metrics.RELEASE, claim.job_key, value=0.0)
             self._wake.set()
 
-    async def _start(self, batch: list[_Planned]) -> None:
+    async def _send_start(self, batch: list[_Planned]) -> list[tuple[Any, ...]] | None:
+        """``sched_start`` for a batch; its rows, or None if it was not recorded (logged)."""
         try:
             rows = await self.client._fetch(
                 "sched_start",
@@ -482,10 +509,13 @@ class Worker:
             )
             for p in batch:
                 metrics.emit(metrics.RELEASE, p.claim.job_key, value=0.0)
-            return
-        # A row per recorded job (started_at NULL) and one per run with its start.
-        recorded = {key for key, _at in rows}
-        started: dict[str, dt.datetime] = {key: at for key, at in rows if at is not None}
+            return None
+        return rows
+
+    def _launch_started(self, batch: list[_Planned], rows: list[tuple[Any, ...]]) -> None:
+        # A row per recorded job, with its run's start (NULL: nothing to run).
+        started: dict[str, dt.datetime | None] = dict(rows)
+        recorded = started.keys()
         skipped, lateness = 0, []
         counts = self.saturation.counts
         for p in batch:
@@ -501,9 +531,9 @@ class Worker:
                 and not claim.held_elsewhere(s.slot)
                 for s in decided.skipped
             )
-            slot = decided.run_slot
-            if decided.run_kind == "scheduled" and slot is not None and counts(slot):
-                lateness.append((started[claim.job_key] - claim.due_here(slot)).total_seconds())
+            slot, at = decided.run_slot, started[claim.job_key]
+            if decided.run_kind == "scheduled" and slot is not None and at and counts(slot):
+                lateness.append((at - claim.due_here(slot)).total_seconds())
         self.saturation.observe(skipped, lateness, monotonic())
         for p in batch:
             claim, decided = p.claim, p.decided
@@ -525,10 +555,11 @@ class Worker:
                     extra={**extra, "quarantined": True},
                 )
             self._report_skipped(claim, decided)
-            if decided.run_slot is None:
+            at = started[claim.job_key]
+            if decided.run_slot is None or at is None:
                 metrics.emit(metrics.RELEASE, claim.job_key, value=0.0)
                 continue
-            self._launch(claim, p.spec, p.schedule, decided, started[claim.job_key], p.sent)
+            self._launch(claim, p.spec, p.schedule, decided, at, p.sent)
 
     def _report_skipped(self, claim: Claim, decided: Plan) -> None:
         if not decided.skipped:
@@ -631,7 +662,9 @@ class Worker:
             worker_id=self.id,
         )
         lease.on_lost(lambda lost: ctx._stop(lost.lost_reason or "the lease is lost"))
-        run = Run(spec, claim, decided.run_slot, decided.run_kind, ctx, lease)
+        run = Run(
+            spec, claim, decided.run_slot, decided.run_kind, ctx, lease, started_at, monotonic()
+        )
         if decided.run_kind == "scheduled":
             metrics.emit(
                 metrics.JOB_LATENESS,
@@ -652,7 +685,19 @@ class Worker:
         its task."""
         key, token = run.claim.job_key, run.claim.token
         done = outcome in ("succeeded", "failed")
-        item = Finished(key, token, run.claim.owner, run.slot, run.kind, done, outcome, error)
+        item = Finished(
+            key,
+            token,
+            run.claim.owner,
+            run.slot,
+            run.kind,
+            run.ctx.attempt,
+            run.started_at,
+            done,
+            outcome,
+            error,
+        )
+        run.ended = True
         recorded: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._finishing.append((item, recorded))
         if self._finisher is None:
@@ -697,7 +742,9 @@ class Worker:
             try:
                 rows = await self.client._fetch(
                     "sched_finish",
-                    finish_params(ordered, channel=self.channel),
+                    finish_params(
+                        ordered, channel=self.channel, worker=self.id, host=self.host, pid=self.pid
+                    ),
                     doing=f"finishing {len(ordered)} runs",
                     wrote=True,
                 )
@@ -742,6 +789,48 @@ class Worker:
                     extra=run_fields(key, token, f.slot),
                 )
         return recorded
+
+    async def _rows_in_progress(self) -> None:
+        """Write the 'running' history rows of runs that outlived :data:`RUNNING_ROW_AFTER`,
+        one statement for all that came due since the last look (until cancelled)."""
+        while True:
+            await asyncio.sleep(RUNNING_ROW_AFTER / 2)
+            due = monotonic() - RUNNING_ROW_AFTER
+            runs = [
+                r
+                for r in self._running.values()
+                if not (r.row_written or r.ended) and r.launched <= due
+            ]
+            if not runs:
+                continue
+            try:
+                await self.client._fetch(
+                    "sched_running",
+                    running_params(
+                        [
+                            InProgress(
+                                r.claim.job_key,
+                                r.claim.token,
+                                r.claim.owner,
+                                r.slot,
+                                r.kind,
+                                r.ctx.attempt,
+                                r.started_at,
+                            )
+                            for r in runs
+                        ],
+                        worker=self.id,
+                        host=self.host,
+                        pid=self.pid,
+                    ),
+                    doing=f"recording {len(runs)} runs in progress",
+                    wrote=True,
+                )
+            except TenureError as exc:
+                log.warning("recording %d runs in progress failed (retried): %s", len(runs), exc)
+                continue
+            for r in runs:
+                r.row_written = True
 
     def _ended(
         self, run: Run, done: bool, recorded: str, error: str | None, duration: float

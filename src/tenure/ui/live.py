@@ -2,8 +2,9 @@
 
 Two channels are heard: the scheduler's (:func:`tenure.scheduler.jobs.channel_name`: job
 definitions, pause, resume, trigger, hand-overs) and the dashboard's own, which the
-``job_runs`` triggers of migration 6 notify when runs start, end or are skipped (payload: a
-JSON array of job keys, or ``*``). Pages get Server-Sent Events, at most one per
+``job_runs`` triggers of migration 6 notify when runs end, are skipped, or have been running
+for a second (their history row is written then: migration 12) (payload: a JSON array of job
+keys, or ``*``). Pages get Server-Sent Events, at most one per
 :data:`COALESCE` seconds, naming the keys that changed; the page then reloads its content.
 """
 

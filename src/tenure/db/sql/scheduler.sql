@@ -132,11 +132,12 @@ WITH clock AS MATERIALIZED (
            j.running_token, j.running_attempt, j.trigger_at, j.crash_streak,
            j.quarantine_after,
            -- The unfinished run has no finish record: its worker is gone (a worker that
-           -- lost the lease or shut down records its end with sched_finish).
-           (j.running_token IS NOT NULL AND EXISTS (
+           -- lost the lease or shut down records its end with sched_finish). Its history row
+           -- is missing, or 'running' (a long run's, sched_running).
+           (j.running_token IS NOT NULL AND NOT EXISTS (
                SELECT 1 FROM {schema}.job_runs AS r
                WHERE r.job_key = j.job_key AND r.token = j.running_token
-                 AND r.started_at IS NOT NULL AND r.outcome = 'running')) AS prior_gone,
+                 AND r.started_at IS NOT NULL AND r.outcome <> 'running')) AS prior_gone,
            -- When the lease before this claim ended (expired or released): slots that came
            -- due while another holder kept the job are not this worker falling behind.
            (SELECT l.lease_until FROM {schema}.job_leases AS l
@@ -243,9 +244,11 @@ FROM ready AS r;
 -- Record what the claiming worker decided for each claimed job (its plan, computed in Python
 -- from the claim's rows and database time): the slot it runs now (if any), the new next
 -- slot (only forward, and only if the definition revision is unchanged), the slots it
--- skipped (misfire_skipped / abandoned rows) and the run's history row. Fenced on
--- claim_token, evaluated on the latest row version: a worker whose claim was superseded
--- changes nothing. A previous run that never finished is marked lease_lost. Jobs with
+-- skipped (misfire_skipped / abandoned rows) and the run on the job row (running_*; its
+-- history row is written at its end, by sched_finish, or after a second by sched_running:
+-- migration 12). Fenced on claim_token, evaluated on the latest row version: a worker whose
+-- claim was superseded changes nothing. A previous run that never finished is recorded as
+-- lease_lost, from what its job row says of it (read before this statement's update). Jobs with
 -- nothing to run get their lease released in the same statement. crash_streak is the plan's
 -- (computed from the claimed row, which only fenced statements change); a plan with a
 -- quarantine reason pauses the job with it.
@@ -280,6 +283,11 @@ WITH plan AS (
         running_kind = p.run_kind,
         running_token = CASE WHEN p.run_slot IS NULL THEN NULL ELSE p.token END,
         running_attempt = CASE WHEN p.run_slot IS NULL THEN NULL ELSE p.attempt END,
+        running_owner = CASE WHEN p.run_slot IS NULL THEN NULL ELSE p.owner END,
+        running_started_at = CASE WHEN p.run_slot IS NULL THEN NULL ELSE clock_timestamp() END,
+        running_worker = CASE WHEN p.run_slot IS NULL THEN NULL ELSE %(worker)s END,
+        running_host = CASE WHEN p.run_slot IS NULL THEN NULL ELSE %(host)s END,
+        running_pid = CASE WHEN p.run_slot IS NULL THEN NULL ELSE %(pid)s::integer END,
         -- Due again at the next slot, or when a dead worker's lease would have expired
         -- (migration 11); nothing to run: due at the next slot.
         held_until = CASE WHEN p.run_slot IS NOT NULL THEN least(
@@ -289,14 +297,29 @@ WITH plan AS (
         trigger_at = CASE WHEN j.trigger_at = p.trigger_at THEN NULL ELSE j.trigger_at END
     FROM plan AS p
     WHERE j.job_key = p.job_key AND j.claim_token = p.token
-    RETURNING j.job_key
+    RETURNING j.job_key, j.running_started_at
 ), prior AS (
-    UPDATE {schema}.job_runs AS r
-    SET outcome = 'lease_lost', finished_at = clock_timestamp(), error = p.prior_error
+    -- The job row as it was before this statement (a CTE reads the statement's snapshot).
+    -- A finished run has its row already (not 'running'): left as it is. A run of a worker
+    -- before migration 12 has no running_worker; its row was written at its start.
+    INSERT INTO {schema}.job_runs AS r
+        (job_key, slot, kind, attempt, token, owner, worker_id, host, pid, started_at,
+         finished_at, outcome, error, recorded_at)
+    SELECT o.job_key, o.running_slot, coalesce(o.running_kind, 'scheduled'),
+           coalesce(o.running_attempt, 1), o.running_token, o.running_owner,
+           coalesce(o.running_worker, ''), coalesce(o.running_host, ''),
+           coalesce(o.running_pid, 0), coalesce(o.running_started_at, clock_timestamp()),
+           clock_timestamp(), 'lease_lost', p.prior_error,
+           coalesce(o.running_started_at, clock_timestamp())
     FROM plan AS p
-    WHERE p.job_key IN (SELECT job_key FROM job)
-      AND r.job_key = p.job_key AND r.token = p.prior_token
-      AND r.started_at IS NOT NULL AND r.outcome = 'running'
+    JOIN {schema}.scheduled_jobs AS o
+      ON o.job_key = p.job_key AND o.running_token = p.prior_token
+    WHERE p.job_key IN (SELECT job_key FROM job) AND o.running_slot IS NOT NULL
+    ORDER BY o.job_key
+    ON CONFLICT (job_key, token) WHERE started_at IS NOT NULL DO UPDATE
+    SET outcome = 'lease_lost', finished_at = excluded.finished_at, error = excluded.error
+    WHERE r.outcome = 'running'
+    RETURNING r.job_key
 ), skipped AS (
     INSERT INTO {schema}.job_runs
         (job_key, slot, kind, token, worker_id, host, pid, finished_at, outcome, error)
@@ -305,15 +328,9 @@ WITH plan AS (
     FROM json_to_recordset(%(skipped)s::json)
         AS s(job_key text, slot timestamptz, token bigint, kind text, outcome text, error text)
     WHERE s.job_key IN (SELECT job_key FROM job)
-), run AS (
-    INSERT INTO {schema}.job_runs
-        (job_key, slot, kind, attempt, token, owner, worker_id, host, pid, started_at,
-         outcome)
-    SELECT p.job_key, p.run_slot, p.run_kind, p.attempt, p.token, p.owner, %(worker)s,
-           %(host)s, %(pid)s, clock_timestamp(), 'running'
-    FROM plan AS p
-    WHERE p.run_slot IS NOT NULL AND p.job_key IN (SELECT job_key FROM job)
-    RETURNING job_key, started_at
+      -- After the previous run's row (read to the end first): history in the order it
+      -- happened (an unreferenced CTE runs at an order of the planner's choosing).
+      AND (SELECT count(*) FROM prior) >= 0
 ), idle AS (
     UPDATE {schema}.job_leases AS l
     SET lease_until = clock_timestamp()
@@ -322,12 +339,8 @@ WITH plan AS (
       AND l.job_key = p.job_key AND l.fencing_token = p.token AND l.lease_owner = p.owner
       AND l.lease_until >= clock_timestamp()
 )
--- One row per job whose start was recorded (started_at NULL: nothing to run), and one per
--- run with its start time; merged by the worker. A join of the two CTEs would be a nested
--- loop over n * n rows (see sched_claim).
-SELECT job.job_key, NULL::timestamptz AS started_at FROM job
-UNION ALL
-SELECT run.job_key, run.started_at FROM run;
+-- One row per job whose start was recorded, with the run's start time (NULL: nothing to run).
+SELECT job.job_key, job.running_started_at AS started_at FROM job;
 
 -- name: sched_unclaim
 -- Give back leases this worker claimed but cannot run (a job it has no function for): the
@@ -357,13 +370,16 @@ RETURNING l.job_key;
 -- running_slot stays, the lease is released and peers are notified, so another worker
 -- retries the slot at once with a higher token. Fenced on claim_token: a worker whose claim
 -- was taken over cannot clear its successor's slot; its own history row still gets its
--- outcome, with a run that "succeeded" after losing its job recorded as lease_lost. One row
--- back per run: matched (the fence held), the recorded outcome, the job's current claim.
+-- outcome, with a run that "succeeded" after losing its job recorded as lease_lost. The
+-- history row is written here, once (migration 12): inserted, or completed where it is
+-- already there (a long run's 'running' row, or the lease_lost row of a successor that took
+-- the job over meanwhile: the run's own end is what it records). One row back per run:
+-- matched (the fence held), the recorded outcome, the job's current claim.
 WITH f AS MATERIALIZED (
     SELECT *
     FROM json_to_recordset(%(runs)s::json)
         AS f(job_key text, token bigint, owner uuid, slot timestamptz, kind text,
-             done boolean, outcome text, error text)
+             attempt integer, started_at timestamptz, done boolean, outcome text, error text)
     LIMIT %(count)s  -- the planner's row estimate, see sched_start
 ), job AS (
     UPDATE {schema}.scheduled_jobs AS j
@@ -389,21 +405,28 @@ WITH f AS MATERIALIZED (
       AND l.lease_until >= clock_timestamp()
     RETURNING l.job_key
 ), run AS (
-    UPDATE {schema}.job_runs AS r
-    SET outcome = CASE
-            WHEN (f.job_key, f.token) IN (SELECT job_key, token FROM job)
-                 OR f.outcome NOT IN ('succeeded', 'failed')
-            THEN f.outcome ELSE 'lease_lost' END,
-        error = CASE
-            WHEN (f.job_key, f.token) IN (SELECT job_key, token FROM job)
-                 OR f.outcome NOT IN ('succeeded', 'failed')
-            THEN f.error
-            ELSE concat_ws('; ', f.error, 'the run ended after another worker took the job '
-                                         'over (its writes with this token are fenced)')
-            END,
-        finished_at = clock_timestamp()
+    INSERT INTO {schema}.job_runs AS r
+        (job_key, slot, kind, attempt, token, owner, worker_id, host, pid, started_at,
+         finished_at, outcome, error, recorded_at)
+    SELECT f.job_key, f.slot, f.kind, f.attempt, f.token, f.owner, %(worker)s, %(host)s,
+           %(pid)s, f.started_at, clock_timestamp(),
+           CASE WHEN m.matched OR f.outcome NOT IN ('succeeded', 'failed')
+                THEN f.outcome ELSE 'lease_lost' END,
+           CASE WHEN m.matched OR f.outcome NOT IN ('succeeded', 'failed')
+                THEN f.error
+                ELSE concat_ws('; ', f.error, 'the run ended after another worker took the '
+                                             'job over (its writes with this token are fenced)')
+                END,
+           -- When the run started, as for a row written at the start (the dashboard's
+           -- windows and retention read recorded_at).
+           f.started_at
     FROM f
-    WHERE r.job_key = f.job_key AND r.token = f.token AND r.started_at IS NOT NULL
+    CROSS JOIN LATERAL (
+        SELECT (f.job_key, f.token) IN (SELECT job_key, token FROM job) AS matched
+    ) AS m
+    ORDER BY f.job_key, f.token
+    ON CONFLICT (job_key, token) WHERE started_at IS NOT NULL DO UPDATE
+    SET outcome = excluded.outcome, error = excluded.error, finished_at = excluded.finished_at
     RETURNING r.job_key, r.token, r.outcome
 )
 SELECT f.job_key, f.token, m.matched, run.outcome,
@@ -417,6 +440,25 @@ CROSS JOIN LATERAL (
     SELECT (f.job_key, f.token) IN (SELECT job_key, token FROM job) AS matched
 ) AS m
 LEFT JOIN run ON run.job_key = f.job_key AND run.token = f.token;
+
+-- name: sched_running
+-- The history rows of runs still in progress a while after their start (the worker sends
+-- the runs that outlived sched_finish's usual moment, see scheduler.worker.RUNNING_ROW_AFTER),
+-- so that history and the dashboard show them: outcome 'running', completed by the finish.
+-- Nothing is written where the row is there already (the run ended, or a successor recorded
+-- it as lease_lost), nor for a run that is no longer its job's (the fence: running_token).
+INSERT INTO {schema}.job_runs
+    (job_key, slot, kind, attempt, token, owner, worker_id, host, pid, started_at, outcome,
+     recorded_at)
+SELECT r.job_key, r.slot, r.kind, r.attempt, r.token, r.owner, %(worker)s, %(host)s, %(pid)s,
+       r.started_at, 'running', r.started_at
+FROM json_to_recordset(%(runs)s::json)
+    AS r(job_key text, token bigint, owner uuid, slot timestamptz, kind text, attempt integer,
+         started_at timestamptz)
+JOIN {schema}.scheduled_jobs AS j ON j.job_key = r.job_key AND j.running_token = r.token
+ORDER BY r.job_key, r.token
+ON CONFLICT (job_key, token) WHERE started_at IS NOT NULL DO NOTHING
+RETURNING job_key;
 
 -- name: sched_notify
 SELECT pg_notify(%(channel)s, %(payload)s)::text;

@@ -62,7 +62,7 @@ DEFAULT_TTL = 30.0
 #: scheduled_jobs: a generic plan made while those tables were small (a fresh deployment)
 #: kept scanning every row of job_runs on each finish as it grew, while a plan made for
 #: the call uses the indexes. Planning costs a fraction of a millisecond per batch.
-PLANNED_EACH_CALL = frozenset({"sched_start", "sched_finish"})
+PLANNED_EACH_CALL = frozenset({"sched_start", "sched_finish", "sched_running"})
 #: More connections than this per client is a mistake (PostgreSQL's default max_connections
 #: is 100).
 MAX_POOL_SIZE = 1000

@@ -58,7 +58,7 @@ from .waiter import ReleaseWaiter
 
 log = logging.getLogger("tenure.client")
 DEFAULT_TTL = 30.0
-PLANNED_EACH_CALL = frozenset({"sched_start", "sched_finish"})
+PLANNED_EACH_CALL = frozenset({"sched_start", "sched_finish", "sched_running"})
 MAX_POOL_SIZE = 1000
 
 
