@@ -182,10 +182,6 @@ def run_fields(job_key: str, token: int, slot: dt.datetime, **more: Any) -> dict
     return {"job": job_key, "token": token, "slot": slot.isoformat(), **more}
 
 
-def _iso(at: dt.datetime | None) -> str | None:
-    return None if at is None else at.isoformat()
-
-
 def _text(value: str | None) -> str | None:
     """A string PostgreSQL's json-to-text accepts: no NUL (``\\u0000`` is refused), no lone
     surrogate. An error message from a job body may hold either; one such message must not
@@ -205,24 +201,31 @@ def start_params(
     plans: list[dict[str, Any]] = []
     skipped: list[dict[str, Any]] = []
     for claim, d in planned:
-        plans.append(
-            {
-                "job_key": claim.job_key,
-                "token": claim.token,
-                "owner": str(claim.owner),
-                "revision": claim.revision,
-                "run_slot": _iso(d.run_slot),
-                "run_kind": d.run_kind,
-                "attempt": d.attempt,
-                "next_slot": _iso(d.next_slot),
-                "done_slot": _iso(d.done_slot),
-                "trigger_at": _iso(d.trigger_at),
-                "prior_token": d.prior_token,
-                "prior_error": _text(d.prior_error),
-                "crash_streak": d.crash_streak,
-                "quarantine": _text(d.quarantine),
-            }
-        )
+        # A key left out is NULL to json_to_recordset: only what this plan has is sent
+        # (encoding the JSON was the largest single cost of a busy worker's loop).
+        p: dict[str, Any] = {
+            "job_key": claim.job_key,
+            "token": claim.token,
+            "owner": str(claim.owner),
+            "revision": claim.revision,
+            "attempt": d.attempt,
+            "crash_streak": d.crash_streak,
+        }
+        if d.run_slot is not None:
+            p["run_slot"] = d.run_slot.isoformat()
+            p["run_kind"] = d.run_kind
+        if d.next_slot is not None:
+            p["next_slot"] = d.next_slot.isoformat()
+        if d.done_slot is not None:
+            p["done_slot"] = d.done_slot.isoformat()
+        if d.trigger_at is not None:
+            p["trigger_at"] = d.trigger_at.isoformat()
+        if d.prior_token is not None:
+            p["prior_token"] = d.prior_token
+            p["prior_error"] = _text(d.prior_error)
+        if d.quarantine is not None:
+            p["quarantine"] = _text(d.quarantine)
+        plans.append(p)
         for s in d.skipped:
             skipped.append(
                 {

@@ -135,7 +135,7 @@ class Worker:
         # same worker claims the job's retry.
         self._running: dict[tuple[str, int], Run] = {}
         # Ended runs waiting for the finisher, and the finisher task while it runs.
-        self._finishing: list[tuple[Finished, asyncio.Future[str]]] = []
+        self._finishing: list[tuple[Finished, Run, float]] = []
         self._finisher: asyncio.Task[None] | None = None
         # Planned claims waiting for their start statement (a heap by fire time), the single
         # starter task that sends them, and how many claims are claimed but not yet running.
@@ -677,17 +677,16 @@ class Worker:
 
     async def _run(self, run: Run) -> None:
         outcome, error, duration = await execute(run)
-        await self._finish(run, outcome, error, duration)
+        self._finish(run, outcome, error, duration)
 
-    async def _finish(self, run: Run, outcome: str, error: str | None, duration: float) -> None:
-        """Queue the run's end for the finisher and wait until it is recorded (or given up):
-        the run counts against the concurrency until then, and a stopping worker waits for
-        its task."""
-        key, token = run.claim.job_key, run.claim.token
+    def _finish(self, run: Run, outcome: str, error: str | None, duration: float) -> None:
+        """Queue the run's end for the finisher, which ends the run once it is recorded (or
+        given up): the run counts against the concurrency until then, and a stopping worker
+        waits for the finisher. No future and task step per run wait for it."""
         done = outcome in ("succeeded", "failed")
         item = Finished(
-            key,
-            token,
+            run.claim.job_key,
+            run.claim.token,
             run.claim.owner,
             run.slot,
             run.kind,
@@ -698,42 +697,35 @@ class Worker:
             error,
         )
         run.ended = True
-        recorded: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._finishing.append((item, recorded))
+        self._finishing.append((item, run, duration))
         if self._finisher is None:
             self._finisher = asyncio.create_task(self._finish_batches(), name="tenure-finish")
-        try:
-            await asyncio.shield(recorded)
-        finally:
-            # Cancelled while waiting (the loop is closing): the finisher may still record
-            # it; the run ends here with what the body did.
-            ok = recorded.done() and not recorded.cancelled()
-            self._ended(run, done, recorded.result() if ok else outcome, error, duration)
 
     async def _finish_batches(self) -> None:
         """The single finisher: one ``sched_finish`` for whatever runs ended while the previous
         batch was in flight. Batches grow with the load and are single runs when idle, so an
         idle worker adds no latency, and finishing takes one pooled connection at a time
         instead of one per run."""
-        batch: list[tuple[Finished, asyncio.Future[str]]] = []
+        batch: list[tuple[Finished, Run, float]] = []
         try:
             while self._finishing:
                 batch = self._finishing[:FINISH_BATCH]
                 del self._finishing[:FINISH_BATCH]
                 try:
-                    outcomes = await self._record_finished([item for item, _ in batch])
+                    outcomes = await self._record_finished([item for item, _, _ in batch])
                 except Exception:
                     log.exception("recording the end of %d runs failed unexpectedly", len(batch))
                     outcomes = {}
-                for item, recorded in batch:
-                    if not recorded.done():
-                        recorded.set_result(outcomes.get((item.job_key, item.token), item.outcome))
-                batch = []
+                ended, batch = batch, []
+                for item, run, duration in ended:
+                    recorded = outcomes.get((item.job_key, item.token), item.outcome)
+                    self._ended(run, item.done, recorded, item.error, duration)
         finally:
             self._finisher = None
-            for item, recorded in batch:
-                if not recorded.done():
-                    recorded.set_result(item.outcome)
+            # Cancelled while recording (the loop is closing): the runs end with what their
+            # bodies did.
+            for item, run, duration in batch:
+                self._ended(run, item.done, item.outcome, item.error, duration)
 
     async def _record_finished(self, batch: list[Finished]) -> dict[tuple[str, int], str]:
         """Send one batch (retried on a lost connection); returns each run's recorded outcome."""
@@ -895,6 +887,8 @@ class Worker:
         tasks = [run.task for run in runs if run.task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=10.0)
+        if self._finisher is not None:  # the ends those runs queued, recorded before closing
+            await asyncio.wait({self._finisher}, timeout=10.0)
         if self.handed_over:
             with contextlib.suppress(TenureError):
                 await self.client._fetch(
