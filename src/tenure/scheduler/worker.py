@@ -88,6 +88,8 @@ MAX_IDLE = 10.0
 CONTENTION_BACKOFF = 0.02
 #: Most runs one finish statement records (a batch is whatever ended while the last was sent).
 FINISH_BATCH = 1000
+#: Seconds: under load, the finisher sends at most one statement this often.
+FINISH_EVERY = 0.05
 #: The schema version that has the scheduler's tables (5: quarantine and app ownership).
 SCHEMA_VERSION = 5
 #: Fire-ahead, seconds: a job whose slot comes within this is claimed and planned before its
@@ -125,6 +127,8 @@ class Worker:
         self.app_name = app.name
         self.adopt = adopt
         self.concurrency = concurrency
+        # Ended runs that make the finisher send at once (see _finish_batches).
+        self._full = max(1, concurrency // 4)
         self.shutdown_grace = shutdown_grace
         self.id = uuid.uuid4().hex[:12]
         self.host = socket.gethostname()
@@ -137,6 +141,7 @@ class Worker:
         # Ended runs waiting for the finisher, and the finisher task while it runs.
         self._finishing: list[tuple[Finished, Run, float]] = []
         self._finisher: asyncio.Task[None] | None = None
+        self._finish_wake = asyncio.Event()
         # Planned claims waiting for their start statement (a heap by fire time), the single
         # starter task that sends them, and how many claims are claimed but not yet running.
         self._pending: list[tuple[float, int, _Planned]] = []
@@ -201,6 +206,7 @@ class Worker:
         if cancel:
             self._cancel_now = True
         self._wake.set()
+        self._finish_wake.set()
         self._start_wake.set()  # claims taken ahead of their slots are given back
 
     # -- main -------------------------------------------------------------------------------
@@ -698,6 +704,8 @@ class Worker:
         )
         run.ended = True
         self._finishing.append((item, run, duration))
+        if len(self._finishing) >= self._full:
+            self._finish_wake.set()
         if self._finisher is None:
             self._finisher = asyncio.create_task(self._finish_batches(), name="tenure-finish")
 
@@ -711,6 +719,7 @@ class Worker:
             while self._finishing:
                 batch = self._finishing[:FINISH_BATCH]
                 del self._finishing[:FINISH_BATCH]
+                sent = monotonic()
                 try:
                     outcomes = await self._record_finished([item for item, _, _ in batch])
                 except Exception:
@@ -720,6 +729,16 @@ class Worker:
                 for item, run, duration in ended:
                     recorded = outcomes.get((item.job_key, item.token), item.outcome)
                     self._ended(run, item.done, recorded, item.error, duration)
+                # Under load, at most one finish per FINISH_EVERY, unless a quarter of the
+                # concurrency is waiting for it: bigger batches cost the server less per run,
+                # and the starts (a run's lateness) meet fewer statements competing for its
+                # CPUs. An idle worker's lone finish is sent at once (this loop has ended).
+                pause = sent + FINISH_EVERY - monotonic()
+                if pause > 0 and not self._stopping and 0 < len(self._finishing) < self._full:
+                    self._finish_wake.clear()
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(pause):
+                            await self._finish_wake.wait()
         finally:
             self._finisher = None
             # Cancelled while recording (the loop is closing): the runs end with what their
