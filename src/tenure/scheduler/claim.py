@@ -248,8 +248,9 @@ def start_params(
 
 
 @dataclass(frozen=True, slots=True)
-class Finished:
-    """One run's end, as ``sched_finish`` records it."""
+class InProgress:
+    """A run that started: what its history row holds besides its end (``sched_running``
+    writes it as 'running' for a run still going)."""
 
     job_key: str
     token: int
@@ -258,6 +259,24 @@ class Finished:
     kind: str
     attempt: int
     started_at: dt.datetime
+
+    def row(self) -> dict[str, Any]:
+        """The run as one object of the statements' JSON batch."""
+        return {
+            "job_key": self.job_key,
+            "token": self.token,
+            "owner": str(self.owner),
+            "slot": self.slot.isoformat(),
+            "kind": self.kind,
+            "attempt": self.attempt,
+            "started_at": self.started_at.isoformat(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Finished(InProgress):
+    """One run's end, as ``sched_finish`` records it."""
+
     done: bool
     outcome: str
     error: str | None
@@ -268,21 +287,13 @@ def finish_params(
 ) -> dict[str, Any]:
     """The parameters of ``sched_finish`` for a batch of finished runs (one JSON text): each
     run's end and what its history row needs, which the finish writes (migration 12)."""
-    runs = [
-        {
-            "job_key": f.job_key,
-            "token": f.token,
-            "owner": str(f.owner),
-            "slot": f.slot.isoformat(),
-            "kind": f.kind,
-            "attempt": f.attempt,
-            "started_at": f.started_at.isoformat(),
-            "done": f.done,
-            "outcome": f.outcome,
-            "error": _text(f.error),
-        }
-        for f in finished
-    ]
+    runs = []
+    for f in finished:
+        row = f.row()
+        row["done"] = f.done
+        row["outcome"] = f.outcome
+        row["error"] = _text(f.error)
+        runs.append(row)
     return {
         "runs": json.dumps(runs, separators=(",", ":")),
         "count": len(runs),
@@ -293,37 +304,12 @@ def finish_params(
     }
 
 
-@dataclass(frozen=True, slots=True)
-class InProgress:
-    """A run still going, whose 'running' history row ``sched_running`` writes."""
-
-    job_key: str
-    token: int
-    owner: uuid.UUID
-    slot: dt.datetime
-    kind: str
-    attempt: int
-    started_at: dt.datetime
-
-
 def running_params(
     runs: Sequence[InProgress], *, worker: str, host: str, pid: int
 ) -> dict[str, Any]:
     """The parameters of ``sched_running`` (one JSON text)."""
-    rows = [
-        {
-            "job_key": r.job_key,
-            "token": r.token,
-            "owner": str(r.owner),
-            "slot": r.slot.isoformat(),
-            "kind": r.kind,
-            "attempt": r.attempt,
-            "started_at": r.started_at.isoformat(),
-        }
-        for r in runs
-    ]
     return {
-        "runs": json.dumps(rows, separators=(",", ":")),
+        "runs": json.dumps([r.row() for r in runs], separators=(",", ":")),
         "worker": worker,
         "host": host,
         "pid": pid,
