@@ -15,6 +15,7 @@ import uuid
 from typing import Any
 
 import psycopg
+import pytest
 
 import tenure
 from tenure.db.queries import query as named_query
@@ -307,3 +308,19 @@ def test_a_long_run_is_in_history_while_it_runs_and_completed_in_place(
     )
     assert done[3] is not None and done[3] > started_at
     assert len(query(dsn, schema, history)) == 1
+
+
+def test_a_worker_refuses_a_schema_before_migration_12(dsn: str, schema: str) -> None:
+    """Its start statement records runs in migration 12's columns: on an older schema every
+    start failed, logged as a warning, slot after slot, instead of the worker refusing to
+    start with what to do."""
+    prepare(dsn, schema)
+    query(dsn, schema, "DELETE FROM {schema}.tenure_migrations WHERE version = 12")
+    app = tenure.Scheduler(dsn, schema=schema)
+    app.add_job("k", lambda ctx: None, cron=NEVER, ttl="30s")
+    worker = InProcessWorker(app)
+    with pytest.raises(AssertionError, match="worker failed"):
+        worker.__enter__()
+    assert isinstance(worker.error, tenure.SchemaNotReady), worker.error
+    assert "version 11, need 12" in str(worker.error)
+    assert "tenure migrate" in str(worker.error)

@@ -90,8 +90,8 @@ CONTENTION_BACKOFF = 0.02
 FINISH_BATCH = 1000
 #: Seconds: under load, the finisher sends at most one statement this often.
 FINISH_EVERY = 0.05
-#: The schema version that has the scheduler's tables (5: quarantine and app ownership).
-SCHEMA_VERSION = 5
+#: The schema version this worker needs (12: a run's history row written once, at its end).
+SCHEMA_VERSION = 12
 #: Fire-ahead, seconds: a job whose slot comes within this is claimed and planned before its
 #: slot, and its start is recorded at the slot (jobs with a TTL of at least ten times this;
 #: docs/safety.md, "Claiming ahead of the slot").
