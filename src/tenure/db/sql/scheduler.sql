@@ -404,42 +404,40 @@ WITH f AS MATERIALIZED (
     WHERE l.job_key = f.job_key AND l.lease_owner = f.owner AND l.fencing_token = f.token
       AND l.lease_until >= clock_timestamp()
     RETURNING l.job_key
+), m AS (
+    -- Each run's fence match, stated once for its history row and for the answer; a run
+    -- keeps its own outcome if the fence held or it did not claim success or failure.
+    SELECT f.*, f.matched OR f.outcome NOT IN ('succeeded', 'failed') AS own
+    FROM (SELECT f.*, (f.job_key, f.token) IN (SELECT job_key, token FROM job) AS matched
+          FROM f) AS f
 ), run AS (
     INSERT INTO {schema}.job_runs AS r
         (job_key, slot, kind, attempt, token, owner, worker_id, host, pid, started_at,
          finished_at, outcome, error, recorded_at)
-    SELECT f.job_key, f.slot, f.kind, f.attempt, f.token, f.owner, %(worker)s, %(host)s,
-           %(pid)s, f.started_at, clock_timestamp(),
-           CASE WHEN m.matched OR f.outcome NOT IN ('succeeded', 'failed')
-                THEN f.outcome ELSE 'lease_lost' END,
-           CASE WHEN m.matched OR f.outcome NOT IN ('succeeded', 'failed')
-                THEN f.error
-                ELSE concat_ws('; ', f.error, 'the run ended after another worker took the '
+    SELECT m.job_key, m.slot, m.kind, m.attempt, m.token, m.owner, %(worker)s, %(host)s,
+           %(pid)s, m.started_at, clock_timestamp(),
+           CASE WHEN m.own THEN m.outcome ELSE 'lease_lost' END,
+           CASE WHEN m.own THEN m.error
+                ELSE concat_ws('; ', m.error, 'the run ended after another worker took the '
                                              'job over (its writes with this token are fenced)')
                 END,
            -- When the run started, as for a row written at the start (the dashboard's
            -- windows and retention read recorded_at).
-           f.started_at
-    FROM f
-    CROSS JOIN LATERAL (
-        SELECT (f.job_key, f.token) IN (SELECT job_key, token FROM job) AS matched
-    ) AS m
-    ORDER BY f.job_key, f.token
+           m.started_at
+    FROM m
+    ORDER BY m.job_key, m.token
     ON CONFLICT (job_key, token) WHERE started_at IS NOT NULL DO UPDATE
     SET outcome = excluded.outcome, error = excluded.error, finished_at = excluded.finished_at
     RETURNING r.job_key, r.token, r.outcome
 )
-SELECT f.job_key, f.token, m.matched, run.outcome,
+SELECT m.job_key, m.token, m.matched, run.outcome,
        -- Read only for a run whose fence failed (for its log line).
        CASE WHEN NOT m.matched
             THEN (SELECT s.claim_token FROM {schema}.scheduled_jobs AS s
-                  WHERE s.job_key = f.job_key) END AS current,
-       CASE WHEN NOT f.done THEN pg_notify(%(channel)s, f.job_key)::text END AS notified
-FROM f
-CROSS JOIN LATERAL (
-    SELECT (f.job_key, f.token) IN (SELECT job_key, token FROM job) AS matched
-) AS m
-LEFT JOIN run ON run.job_key = f.job_key AND run.token = f.token;
+                  WHERE s.job_key = m.job_key) END AS current,
+       CASE WHEN NOT m.done THEN pg_notify(%(channel)s, m.job_key)::text END AS notified
+FROM m
+LEFT JOIN run ON run.job_key = m.job_key AND run.token = m.token;
 
 -- name: sched_running
 -- The history rows of runs still in progress a while after their start (the worker sends
