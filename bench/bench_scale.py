@@ -91,6 +91,115 @@ def worker_env(
     return env
 
 
+#: The tables a worker writes on every run, whose size the timeline follows.
+HOT_RELATIONS = ("scheduled_jobs", "scheduled_jobs_due", "job_leases", "job_state", "job_runs")
+
+
+def sample_window(conn: psycopg.Connection[Any], window: float, every: float | None) -> list[Any]:
+    """Sleep through the window; with ``every``, sample every ``every`` seconds the size of
+    the hot relations (8 kB pages), their dead rows, and (when pg_stat_statements is loaded)
+    each statement's calls and total execution time in this database."""
+    if not every:
+        time.sleep(window)
+        return []
+    try:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        conn.execute("SELECT 1 FROM pg_stat_statements LIMIT 1")
+        statements = True
+    except psycopg.Error:
+        statements = False
+    samples: list[Any] = []
+    deadline = time.monotonic() + window
+    while True:
+        (at,) = conn.execute("SELECT clock_timestamp()").fetchone() or (None,)
+        sizes = dict(
+            conn.execute(
+                "SELECT c.relname, pg_relation_size(c.oid) / 8192 FROM pg_class AS c "
+                "JOIN pg_namespace AS n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = %s AND c.relname = ANY(%s)",
+                (SCHEMA, list(HOT_RELATIONS)),
+            ).fetchall()
+        )
+        dead = dict(
+            conn.execute(
+                "SELECT relname, n_dead_tup FROM pg_stat_user_tables WHERE schemaname = %s",
+                (SCHEMA,),
+            ).fetchall()
+        )
+        calls: dict[str, tuple[int, float]] = {}
+        if statements:
+            for query, n, total in conn.execute(
+                "SELECT query, calls, total_exec_time FROM pg_stat_statements "
+                "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            ).fetchall():
+                name = statement_name(query)
+                if name:
+                    before = calls.get(name, (0, 0.0))
+                    calls[name] = (before[0] + n, before[1] + total)
+        samples.append((at, sizes, dead, calls))
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return samples
+        time.sleep(min(every, left))
+
+
+def statement_name(query: str) -> str | None:
+    """The scheduler statement a pg_stat_statements query text is, by a table it writes."""
+    for name, marker in (
+        ("claim", "AS ready_at"),
+        ("start", "running_started_at = CASE"),
+        ("finish", "AS f(job_key text"),
+        ("running", "'running'"),
+    ):
+        if marker in query:
+            return name
+    return None if "scale" not in query else "other"
+
+
+def lateness_by_bucket(
+    conn: psycopg.Connection[Any],
+    t0: dt.datetime,
+    end: dt.datetime,
+    every: float | None,
+    samples: list[Any],
+) -> list[dict[str, Any]]:
+    """Per bucket of ``every`` seconds of slots: lateness p50/p99/max, and the samples taken
+    at the bucket's end (relation pages, dead rows, mean ms per statement in the bucket)."""
+    if not every:
+        return []
+    q = sql.SQL(
+        """
+        SELECT floor(extract(epoch FROM slot - %s) / %s)::int AS bucket,
+               percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - slot)),
+               percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - slot)),
+               max(extract(epoch FROM started_at - slot))
+        FROM {schema}.job_runs
+        WHERE slot >= %s AND slot < %s AND kind = 'scheduled' AND started_at IS NOT NULL
+        GROUP BY 1 ORDER BY 1
+        """
+    ).format(schema=sql.Identifier(SCHEMA))
+    rows = conn.execute(q, (t0, every, t0, end)).fetchall()
+    out = []
+    for bucket, p50, p99, worst in rows:
+        entry: dict[str, Any] = {
+            "from_s": bucket * every,
+            "p50_ms": round(float(p50) * 1000, 1),
+            "p99_ms": round(float(p99) * 1000, 1),
+            "max_ms": round(float(worst) * 1000, 1),
+        }
+        if bucket + 1 < len(samples):
+            (_a0, _s0, _d0, c0), (_a1, sizes, dead, c1) = samples[bucket], samples[bucket + 1]
+            entry["pages"] = {k: sizes.get(k) for k in HOT_RELATIONS}
+            entry["dead"] = {k: dead.get(k) for k in ("scheduled_jobs", "job_leases")}
+            entry["ms_per_call"] = {}
+            for k, (n1, total1) in c1.items():
+                n0, total0 = c0.get(k, (0, 0.0))
+                if n1 > n0:
+                    entry["ms_per_call"][k] = round((total1 - total0) / (n1 - n0), 2)
+        out.append(entry)
+    return out
+
+
 def expected_slots(schedule: str, jobs: int, start: dt.datetime, end: dt.datetime) -> int:
     """Slots of the row's jobs in [start, end), from tenure's own schedule code."""
     from tenure.scheduler.schedules import Schedule
@@ -154,7 +263,7 @@ def measure(
                     time.sleep(max(0.0, float(to_minute) - 2.0) % 60)
                     window = 62.5
                 (t0,) = conn.execute("SELECT clock_timestamp()").fetchone() or (None,)
-                time.sleep(window)
+                samples = sample_window(conn, window, args.timeline)
                 (t1,) = conn.execute("SELECT clock_timestamp()").fetchone() or (None,)
         finally:
             codes = procs.stop()
@@ -182,6 +291,7 @@ def measure(
             row = conn.execute(q, (t0, end, t1)).fetchone()
             assert row is not None
             runs, dupes, skipped, p50, p99, worst, seen, early = row
+            timeline = lateness_by_bucket(conn, t0, end, args.timeline, samples)
     finally:
         with psycopg.connect(base, autocommit=True) as admin:
             admin.execute(
@@ -221,6 +331,7 @@ def measure(
         "saturated_lines": saturated,
         "exit_codes": codes,
         "logs": None if kept is None else str(kept),
+        "timeline": timeline,
     }
 
 
@@ -239,6 +350,12 @@ def main() -> None:
     parser.add_argument("--stagger", action="store_true", help="start workers one at a time")
     parser.add_argument("--quick", action="store_true", help="500 runs/s, 1s and 1m, 15 s")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument(
+        "--timeline",
+        type=float,
+        metavar="SECONDS",
+        help="also print lateness, table sizes and statement times per bucket of this many s",
+    )
     args = parser.parse_args()
     if args.quick:
         args.rates, args.duration, args.schedules = [500], 15.0, ["1s", "1m"]
@@ -282,6 +399,11 @@ def main() -> None:
                 f"{r['max_ms']:,} | {r['skipped']:,} | {r['behind']:,} | {r['dupes']} | "
                 f"{r['early']} | {r['saturated_lines']} | {r['load'][0]} |"
             )
+        for r in results:
+            if r["timeline"]:
+                print(f"\n{r['side']}, {r['rate']:,}/s, {r['schedule']}, {r['workers']} workers:")
+                for b in r["timeline"]:
+                    print("   ", json.dumps(b))
         print(f"\nload average at start {load[0]}, at end {load[-1]}")
         print("check", "FAILED (a slot ran twice or before its time)" if failed else "ok")
     sys.exit(1 if failed else 0)

@@ -127,6 +127,17 @@ def _check_app_path(ctx: click.Context, param: click.Parameter, value: str) -> s
     help="Take over job keys that another app registered (without it the worker refuses to "
     "start rather than redefine them). The app is Scheduler(name=...), default APP as given.",
 )
+@click.option(
+    "--vacuum-every",
+    type=DURATION,
+    default=None,
+    envvar="TENURE_VACUUM_EVERY",
+    show_envvar=True,
+    help="How often to look whether the scheduler's own tables (one row per job, updated on "
+    "every run) have gathered dead rows, and vacuum them if so; a busy scheduler's claims "
+    "slow down without it. 0: leave them to autovacuum. Needs a role that owns the tables, "
+    "else it says so once. [default: the app's, 5s]",
+)
 @retention_options
 @metrics_options
 @click.option(
@@ -184,6 +195,7 @@ def worker_command(
     shutdown_grace: float | None,
     migrate: bool,
     adopt: bool,
+    vacuum_every: float | None,
     retention: float,
     inbox_retention: float,
     metrics_port: int | None,
@@ -236,6 +248,8 @@ def worker_command(
         scheduler.schema = schema
     if migrate:
         scheduler.migrate = True
+    if vacuum_every is not None:
+        scheduler.vacuum_every = vacuum_every
     if given("retention") or given("inbox_retention"):
         from ..db.retention import Retention
 

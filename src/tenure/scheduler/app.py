@@ -56,6 +56,7 @@ from ..validation import (
 from .isolation import importable
 from .schedules import MISFIRE_POLICIES, ON_CRASH_POLICIES, QUARANTINE_AFTER, Policy, Schedule
 from .spec import JobFunction, JobSpec
+from .vacuum import DEFAULT_EVERY as DEFAULT_VACUUM_EVERY
 from .worker import Worker, register
 
 log = logging.getLogger("tenure.scheduler")
@@ -79,6 +80,9 @@ class Scheduler:
     (the scheduler's and ``tenure exec``'s), completed slots no run can name again and
     delivered outbox messages of the schema. ``inbox_retention``: the inbox's claims older
     than this (at least 1d) are pruned too (docs/retention.md says why both are safe).
+    ``vacuum_every``: how often a worker looks whether the scheduler's own tables (one row
+    per job, updated on every run) need a vacuum, and vacuums them if so; 0 leaves them to
+    autovacuum (:mod:`tenure.scheduler.vacuum` says why a busy scheduler wants it).
     ``migrate``: apply pending migrations when a worker starts.
     ``name``: the app its job definitions belong to (default: ``MODULE:ATTR`` as given to
     ``tenure worker``, else the module and variable this Scheduler is bound to). A worker of
@@ -96,6 +100,7 @@ class Scheduler:
         history_retention: Duration = DEFAULT_RETENTION,
         inbox_retention: Duration = DEFAULT_INBOX_RETENTION,
         pool_size: int = 4,
+        vacuum_every: Duration = DEFAULT_VACUUM_EVERY,
         migrate: bool = False,
     ) -> None:
         self.dsn = check_dsn(dsn)
@@ -104,6 +109,7 @@ class Scheduler:
         self.shutdown_grace = _check_grace(shutdown_grace)
         self.retention = Retention.of(history_retention, inbox_retention, what="history_retention")
         self.pool_size = check_int(pool_size, what="pool_size", minimum=2, maximum=1000)
+        self.vacuum_every = parse_duration(vacuum_every, what="vacuum_every")
         self.migrate = migrate
         self._name = None if name is None else _check_name(name)
         #: Set by ``tenure worker MODULE:ATTR`` (the path as given) when ``name`` is not.

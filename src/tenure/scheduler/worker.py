@@ -75,6 +75,7 @@ from .jobs import channel_name, schedule_from_row
 from .registration import register
 from .saturation import Saturation
 from .schedules import Plan, Schedule, plan
+from .vacuum import vacuum_forever
 
 if TYPE_CHECKING:
     from .app import Scheduler
@@ -247,6 +248,9 @@ class Worker:
             tasks.append(asyncio.create_task(listener, name="tenure-listen"))
             tasks.append(asyncio.create_task(pruner, name="tenure-prune"))
             tasks.append(asyncio.create_task(self._rows_in_progress(), name="tenure-running"))
+            if app.vacuum_every > 0:
+                vacuum = vacuum_forever(self.client, app.vacuum_every, who=self.label)
+                tasks.append(asyncio.create_task(vacuum, name="tenure-vacuum"))
             log.info(
                 "tenure %s started: %d jobs, concurrency %d, schema %r on %s, app %r, "
                 "history kept %s (inbox claims %s)",

@@ -458,6 +458,35 @@ ORDER BY r.job_key, r.token
 ON CONFLICT (job_key, token) WHERE started_at IS NOT NULL DO NOTHING
 RETURNING job_key;
 
+-- name: sched_vacuum_due
+-- Whether the scheduler's hot tables want a vacuum now (scheduler/vacuum.py says why the
+-- workers do it): one of them has gathered at least %(min_dead)s dead rows and none of them
+-- was vacuumed, by hand or by autovacuum, in the last %(every)s. And whether this role may
+-- vacuum them: their owner, the database's owner (both through membership) and a superuser
+-- may; from PostgreSQL 17 so may a role with MAINTAIN. A role that may not would only get a
+-- WARNING per table from VACUUM, never an error.
+SELECT coalesce(bool_or(t.n_dead_tup >= %(min_dead)s), false)
+           AND coalesce(bool_and(coalesce(greatest(t.last_vacuum, t.last_autovacuum),
+                                          '-infinity') < clock_timestamp() - %(every)s),
+                        false) AS due,
+       coalesce(bool_and(
+           pg_has_role(c.relowner, 'USAGE')
+           OR pg_has_role((SELECT d.datdba FROM pg_database AS d
+                           WHERE d.datname = current_database()), 'USAGE')
+           OR CASE WHEN current_setting('server_version_num')::integer >= 170000
+                   THEN has_table_privilege(c.oid, 'MAINTAIN') ELSE false END),
+           false) AS permitted
+FROM pg_stat_user_tables AS t
+JOIN pg_class AS c ON c.oid = t.relid
+WHERE t.schemaname = %(schema)s
+  AND t.relname IN ('scheduled_jobs', 'job_leases', 'job_state');
+
+-- name: sched_vacuum
+-- SKIP_LOCKED: a table another worker (or autovacuum) is vacuuming right now is skipped, not
+-- waited for. VACUUM takes SHARE UPDATE EXCLUSIVE, which no claim, start or finish conflicts
+-- with; it runs on an autocommit connection of the pool, as it must (never in a transaction).
+VACUUM (SKIP_LOCKED) {schema}.scheduled_jobs, {schema}.job_leases, {schema}.job_state;
+
 -- name: sched_notify
 SELECT pg_notify(%(channel)s, %(payload)s)::text;
 

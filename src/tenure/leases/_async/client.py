@@ -131,6 +131,24 @@ class AsyncClient:
                 await self._drop_dead_connections()
             raise translate(exc, doing, wrote=wrote) from exc
 
+    async def _execute(self, name: str, *, doing: str) -> None:
+        """Run a statement that returns no rows and cannot be prepared (``VACUUM``) on a
+        pooled autocommit connection."""
+        pool = self._pool
+        try:
+            conn = await pool.getconn()
+        except psycopg.Error as exc:  # no connection: nothing was sent
+            raise translate(exc, doing) from exc
+        try:
+            try:
+                await conn.execute(self._queries[name], {}, prepare=False)
+            finally:
+                await pool.putconn(conn)
+        except psycopg.Error as exc:
+            if isinstance(exc, psycopg.OperationalError):
+                await self._drop_dead_connections()
+            raise translate(exc, doing) from exc
+
     async def _fetch_sized(
         self,
         name: str,

@@ -120,6 +120,24 @@ class Client:
                 self._drop_dead_connections()
             raise translate(exc, doing, wrote=wrote) from exc
 
+    def _execute(self, name: str, *, doing: str) -> None:
+        """Run a statement that returns no rows and cannot be prepared (``VACUUM``) on a
+        pooled autocommit connection."""
+        pool = self._pool
+        try:
+            conn = pool.getconn()
+        except psycopg.Error as exc:
+            raise translate(exc, doing) from exc
+        try:
+            try:
+                conn.execute(self._queries[name], {}, prepare=False)
+            finally:
+                pool.putconn(conn)
+        except psycopg.Error as exc:
+            if isinstance(exc, psycopg.OperationalError):
+                self._drop_dead_connections()
+            raise translate(exc, doing) from exc
+
     def _fetch_sized(
         self,
         name: str,
