@@ -191,11 +191,13 @@ def lateness_by_bucket(
             (_a0, _s0, _d0, c0), (_a1, sizes, dead, c1) = samples[bucket], samples[bucket + 1]
             entry["pages"] = {k: sizes.get(k) for k in HOT_RELATIONS}
             entry["dead"] = {k: dead.get(k) for k in ("scheduled_jobs", "job_leases")}
-            entry["ms_per_call"] = {}
+            per_call = {}
             for k, (n1, total1) in c1.items():
                 n0, total0 = c0.get(k, (0, 0.0))
                 if n1 > n0:
-                    entry["ms_per_call"][k] = round((total1 - total0) / (n1 - n0), 2)
+                    per_call[k] = round((total1 - total0) / (n1 - n0), 2)
+            if per_call:  # pg_stat_statements is loaded
+                entry["ms_per_call"] = per_call
         out.append(entry)
     return out
 

@@ -46,14 +46,13 @@ async def vacuum_forever(client: AsyncClient, every: float, *, who: str) -> None
     vacuum the hot tables if they are due (see the module). Failures are logged once per
     reason and retried at the next look; they never stop the worker."""
     warned = ""
-    params = {
-        "schema": client.schema,
-        "min_dead": MIN_DEAD_ROWS,
-        "every": dt.timedelta(seconds=every),
-    }
     while True:
         await asyncio.sleep(every * random.uniform(0.9, 1.1))
-        params["min_dead"] = MIN_DEAD_ROWS
+        params = {
+            "schema": client.schema,
+            "min_dead": MIN_DEAD_ROWS,
+            "every": dt.timedelta(seconds=every),
+        }
         try:
             [(due, permitted)] = await client._fetch(
                 "sched_vacuum_due", params, doing="checking the scheduler tables' dead rows"
@@ -70,7 +69,7 @@ async def vacuum_forever(client: AsyncClient, every: float, *, who: str) -> None
                 return
             if due:
                 began = time.monotonic()
-                await client._execute("sched_vacuum", doing="vacuuming the scheduler tables")
+                await client._fetch("sched_vacuum", {}, doing="vacuuming the scheduler tables")
                 log.debug(
                     "%s vacuumed the scheduler tables in %.1f ms",
                     who,

@@ -63,6 +63,8 @@ DEFAULT_TTL = 30.0
 #: kept scanning every row of job_runs on each finish as it grew, while a plan made for
 #: the call uses the indexes. Planning costs a fraction of a millisecond per batch.
 PLANNED_EACH_CALL = frozenset({"sched_start", "sched_finish", "sched_running"})
+#: Never prepared: planned on every call, or a utility statement the server cannot prepare.
+NOT_PREPARED = PLANNED_EACH_CALL | {"sched_vacuum"}
 #: More connections than this per client is a mistake (PostgreSQL's default max_connections
 #: is 100).
 MAX_POOL_SIZE = 1000
@@ -121,33 +123,16 @@ class AsyncClient:
                 await cur.execute(
                     self._queries[name],
                     params,
-                    prepare=False if name in PLANNED_EACH_CALL else None,
+                    prepare=False if name in NOT_PREPARED else None,
                 )
-                return await cur.fetchall()
+                # No description: a statement that returns nothing (VACUUM).
+                return [] if cur.description is None else await cur.fetchall()
             finally:
                 await pool.putconn(conn)
         except psycopg.Error as exc:
             if isinstance(exc, psycopg.OperationalError):
                 await self._drop_dead_connections()
             raise translate(exc, doing, wrote=wrote) from exc
-
-    async def _execute(self, name: str, *, doing: str) -> None:
-        """Run a statement that returns no rows and cannot be prepared (``VACUUM``) on a
-        pooled autocommit connection."""
-        pool = self._pool
-        try:
-            conn = await pool.getconn()
-        except psycopg.Error as exc:  # no connection: nothing was sent
-            raise translate(exc, doing) from exc
-        try:
-            try:
-                await conn.execute(self._queries[name], {}, prepare=False)
-            finally:
-                await pool.putconn(conn)
-        except psycopg.Error as exc:
-            if isinstance(exc, psycopg.OperationalError):
-                await self._drop_dead_connections()
-            raise translate(exc, doing) from exc
 
     async def _fetch_sized(
         self,

@@ -59,6 +59,7 @@ from .waiter import ReleaseWaiter
 log = logging.getLogger("tenure.client")
 DEFAULT_TTL = 30.0
 PLANNED_EACH_CALL = frozenset({"sched_start", "sched_finish", "sched_running"})
+NOT_PREPARED = PLANNED_EACH_CALL | {"sched_vacuum"}
 MAX_POOL_SIZE = 1000
 
 
@@ -108,35 +109,15 @@ class Client:
             try:
                 cur = _cursor(conn)
                 cur.execute(
-                    self._queries[name],
-                    params,
-                    prepare=False if name in PLANNED_EACH_CALL else None,
+                    self._queries[name], params, prepare=False if name in NOT_PREPARED else None
                 )
-                return cur.fetchall()
+                return [] if cur.description is None else cur.fetchall()
             finally:
                 pool.putconn(conn)
         except psycopg.Error as exc:
             if isinstance(exc, psycopg.OperationalError):
                 self._drop_dead_connections()
             raise translate(exc, doing, wrote=wrote) from exc
-
-    def _execute(self, name: str, *, doing: str) -> None:
-        """Run a statement that returns no rows and cannot be prepared (``VACUUM``) on a
-        pooled autocommit connection."""
-        pool = self._pool
-        try:
-            conn = pool.getconn()
-        except psycopg.Error as exc:
-            raise translate(exc, doing) from exc
-        try:
-            try:
-                conn.execute(self._queries[name], {}, prepare=False)
-            finally:
-                pool.putconn(conn)
-        except psycopg.Error as exc:
-            if isinstance(exc, psycopg.OperationalError):
-                self._drop_dead_connections()
-            raise translate(exc, doing) from exc
 
     def _fetch_sized(
         self,
