@@ -56,7 +56,8 @@ def test_a_healthy_setup_passes_every_check(dsn: str, migrated: str) -> None:
     found = checks(report)
     assert code == 0 and report["ok"] is True
     assert list(found) == [
-        "dsn", "connect", "server", "schema", "privileges", "clock", "timeouts", "pooler",
+        "dsn", "connect", "server", "schema", "privileges", "vacuum", "clock", "timeouts",
+        "pooler",
     ]  # fmt: skip
     assert {c["status"] for c in found.values()} == {"ok"}, found
     assert found["dsn"]["details"]["source"] == "$TENURE_DSN"
@@ -66,7 +67,7 @@ def test_a_healthy_setup_passes_every_check(dsn: str, migrated: str) -> None:
     # The text form says the same, one check per line first.
     text = run_tenure(["doctor"], tenure_env(dsn, migrated))
     assert text.returncode == 0
-    assert [line.split()[:2] for line in text.stdout.splitlines() if line[:1].strip()][:8] == [
+    assert [line.split()[:2] for line in text.stdout.splitlines() if line[:1].strip()][:9] == [
         ["ok", name] for name in found
     ]
 
@@ -131,6 +132,33 @@ def test_a_role_with_exactly_the_printed_grants_passes(dsn: str, migrated: str) 
         code, report = doctor(tenure_env(role, migrated))
     privileges = checks(report)["privileges"]
     assert code == 0 and privileges["status"] == "ok", privileges
+
+
+def test_the_vacuum_check_says_who_removes_the_dead_rows(dsn: str, migrated: str) -> None:
+    # The owner (here a superuser) may vacuum: its workers do.
+    _code, report = doctor(tenure_env(dsn, migrated))
+    owner = checks(report)["vacuum"]
+    assert owner["status"] == "ok" and "may vacuum" in owner["summary"], owner
+    assert owner["details"]["role may vacuum"] == "yes"
+    # The role `tenure grants` sets up may not: fine while autovacuum runs, a warning when
+    # nothing does (this server's setting decides which; both are checked by what it is).
+    with psycopg.connect(dsn) as conn:
+        [(autovacuum,)] = conn.execute("SHOW autovacuum").fetchall()
+    with app_role(dsn, migrated) as role:
+        code, report = doctor(tenure_env(role, migrated))
+    app = checks(report)["vacuum"]
+    assert code == 0 and app["details"]["role may vacuum"] == "no", app
+    assert "may not vacuum" in app["summary"]
+    if autovacuum == "on":
+        assert app["status"] == "ok" and "autovacuum" in app["summary"]
+    else:
+        assert app["status"] == "warn" and "autovacuum is off" in app["summary"]
+        assert "GRANT MAINTAIN" in app["advice"] and "docs/retention.md" in app["advice"]
+
+
+def test_the_vacuum_check_skips_a_schema_without_scheduler_tables(dsn: str, schema: str) -> None:
+    _code, report = doctor(tenure_env(dsn, schema))
+    assert checks(report)["vacuum"]["status"] == "skip"
 
 
 @pytest.mark.skipif(

@@ -12,6 +12,10 @@ Checks, in order (a failed connection skips the ones that need it):
 * ``privileges``: what the current role lacks of the privileges tenure uses on the schema's
   tables and the functions it calls (:mod:`tenure.db.privileges`, the list ``tenure grants``
   prints), each named with what needs it.
+* ``vacuum``: whether this role may vacuum the scheduler's one-row-per-job tables, as the
+  workers do (:mod:`tenure.scheduler.vacuum`), and whether autovacuum is on. A warning when
+  neither: nothing then removes the dead rows every run leaves, and a busy scheduler's
+  claims slow down the longer it runs.
 * ``clock``: this host's clock against the database's. A warning only: tenure decides
   everything lease- and schedule-related by the database clock, but logs and people do not.
 * ``timeouts``: the server's defaults and what tenure sets on each of its connections.
@@ -41,6 +45,7 @@ from ..db.privileges import FUNCTIONS, TABLES
 from ..db.queries import queries
 from ..db.timeouts import CONNECTION_KWARGS, TIMEOUTS
 from ..errors import TenureError, translate
+from ..scheduler import vacuum
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 MIN_SERVER = 120000  # PostgreSQL 12: generated columns (scheduler tables)
@@ -89,6 +94,7 @@ def diagnose(dsn: str | None, schema: str, *, origin: str | None = None) -> list
             ("server", lambda: _server(ctx)),
             ("schema", lambda: _schema(ctx, schema)),
             ("privileges", lambda: _privileges(ctx, schema)),
+            ("vacuum", lambda: _vacuum(ctx, schema)),
             ("clock", lambda: _clock(ctx)),
             ("timeouts", lambda: _timeouts(ctx)),
             ("pooler", lambda: _pooler(ctx)),
@@ -321,6 +327,48 @@ def _privileges(ctx: _Context, schema: str) -> Check:
             if any(kind == "function" for kind, _, _ in missing)
             else ""
         ),
+    )
+
+
+def _vacuum(ctx: _Context, schema: str) -> Check:
+    conn = _conn(ctx)
+    [(role,)] = conn.execute(b"SELECT current_user").fetchall()
+    [(_due, permitted, tables)] = conn.execute(
+        queries(schema)["sched_vacuum_due"], vacuum.due_params(schema, vacuum.DEFAULT_EVERY)
+    ).fetchall()
+    if not tables:
+        return Check("vacuum", SKIP, f"schema {schema!r} has no scheduler tables yet")
+    autovacuum = _show(conn, "autovacuum")
+    details = (
+        ("role may vacuum", "yes" if permitted else "no"),
+        ("autovacuum", f"{autovacuum}, naptime {_show(conn, 'autovacuum_naptime')}"),
+    )
+    if permitted:
+        return Check(
+            "vacuum",
+            OK,
+            f"role {role!r} may vacuum the scheduler tables: its workers vacuum them as runs "
+            "leave dead rows",
+            details,
+        )
+    if autovacuum == "on":
+        return Check(
+            "vacuum",
+            OK,
+            f"role {role!r} may not vacuum the scheduler tables (not their owner): its "
+            "workers leave them to autovacuum",
+            details,
+        )
+    return Check(
+        "vacuum",
+        WARN,
+        f"role {role!r} may not vacuum the scheduler tables and autovacuum is off: nothing "
+        "removes the dead rows every run leaves, so a busy scheduler's claims slow down the "
+        "longer it runs",
+        details,
+        "run the workers as the tables' owner (the role that ran `tenure migrate`), GRANT "
+        "MAINTAIN on scheduled_jobs, job_leases and job_state (PostgreSQL 17+), or turn "
+        "autovacuum on (docs/retention.md, 'Vacuum')",
     )
 
 

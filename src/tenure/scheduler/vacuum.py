@@ -41,6 +41,11 @@ DEFAULT_EVERY = 5.0
 MIN_DEAD_ROWS = 1000
 
 
+def due_params(schema: str, every: float) -> dict[str, object]:
+    """The parameters of ``sched_vacuum_due`` (read at each call: tests lower the threshold)."""
+    return {"schema": schema, "min_dead": MIN_DEAD_ROWS, "every": dt.timedelta(seconds=every)}
+
+
 async def vacuum_forever(client: AsyncClient, every: float, *, who: str) -> None:
     """Every ``every`` seconds (jittered, so workers started together do not look together),
     vacuum the hot tables if they are due (see the module). Failures are logged once per
@@ -48,13 +53,9 @@ async def vacuum_forever(client: AsyncClient, every: float, *, who: str) -> None
     warned = ""
     while True:
         await asyncio.sleep(every * random.uniform(0.9, 1.1))
-        params = {
-            "schema": client.schema,
-            "min_dead": MIN_DEAD_ROWS,
-            "every": dt.timedelta(seconds=every),
-        }
+        params = due_params(client.schema, every)
         try:
-            [(due, permitted)] = await client._fetch(
+            [(due, permitted, _tables)] = await client._fetch(
                 "sched_vacuum_due", params, doing="checking the scheduler tables' dead rows"
             )
             if due and not permitted:

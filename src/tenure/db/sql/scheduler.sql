@@ -464,7 +464,8 @@ RETURNING job_key;
 -- was vacuumed, by hand or by autovacuum, in the last %(every)s. And whether this role may
 -- vacuum them: their owner, the database's owner (both through membership) and a superuser
 -- may; from PostgreSQL 17 so may a role with MAINTAIN. A role that may not would only get a
--- WARNING per table from VACUUM, never an error.
+-- WARNING per table from VACUUM, never an error. `tables`: how many of the three exist
+-- (tenure doctor; 0 before migration).
 SELECT coalesce(bool_or(t.n_dead_tup >= %(min_dead)s), false)
            AND coalesce(bool_and(coalesce(greatest(t.last_vacuum, t.last_autovacuum),
                                           '-infinity') < clock_timestamp() - %(every)s),
@@ -475,7 +476,8 @@ SELECT coalesce(bool_or(t.n_dead_tup >= %(min_dead)s), false)
                            WHERE d.datname = current_database()), 'USAGE')
            OR CASE WHEN current_setting('server_version_num')::integer >= 170000
                    THEN has_table_privilege(c.oid, 'MAINTAIN') ELSE false END),
-           false) AS permitted
+           false) AS permitted,
+       count(*) AS tables
 FROM pg_stat_user_tables AS t
 JOIN pg_class AS c ON c.oid = t.relid
 WHERE t.schemaname = %(schema)s
