@@ -1,7 +1,7 @@
 """The workers vacuum the scheduler's hot tables (``scheduler/vacuum.py``): every run updates
 its job row several times with a new ``due_at``, so without a vacuum the claim's index range
 fills with dead entries and every claim, start and finish gets slower the longer workers run
-(bench/README.md, "Fifth pass": claims from 6 to 40 ms over 150 s at 5,000 runs/s on a server
+(bench/README.md, "Fifth pass": claims from 9 to 40 ms over 150 s at 5,000 runs/s on a server
 without autovacuum). A role that may not vacuum them says so once and goes on running jobs."""
 
 from __future__ import annotations

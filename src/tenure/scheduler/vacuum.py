@@ -5,7 +5,7 @@ each update moves ``due_at``, so none of them is heap-only: each leaves a dead r
 a dead entry in the ``scheduled_jobs_due`` index. Those entries sit in the past part of the
 index, which every claim's range scan (``due_at <= now``) walks, and only VACUUM removes them
 (the claim's bitmap scan never marks them dead). At 5,000 runs/s that is 15,000 dead entries a
-second: without a vacuum, claims went from 6 to 40 ms within 150 s, and lateness with them
+second: without a vacuum, claims went from 9 to 40 ms within 150 s, and lateness with them
 (bench/README.md, "Fifth pass"). Autovacuum does not keep up with such a small, hot table
 with its defaults (it looks at most once a minute, ``autovacuum_naptime``) and may be off.
 
