@@ -144,7 +144,9 @@ def sample_window(conn: psycopg.Connection[Any], window: float, every: float | N
 
 
 def statement_name(query: str) -> str | None:
-    """The scheduler statement a pg_stat_statements query text is, by a table it writes."""
+    """Which scheduler statement a pg_stat_statements query text is, by a phrase only that
+    statement's text holds (checked in this order); any other statement on the bench's
+    schema is "other" (the vacuum, its check, the pruner)."""
     for name, marker in (
         ("claim", "AS ready_at"),
         ("start", "running_started_at = CASE"),
