@@ -118,7 +118,10 @@ def test_an_isolated_body_runs_in_a_child_with_fenced_writes(
         for key in ("writes", "writes-async"):
             done = run_tenure(["jobs", "trigger", key], env)
             assert done.returncode == 0, done.stderr
-            runs = wait_for(lambda k=key: finished(dsn, schema, k), timeout=30, what=key)
+            try:
+                runs = wait_for(lambda k=key: finished(dsn, schema, k), timeout=30, what=key)
+            except AssertionError as e:  # seen once in a full run: what did the worker say?
+                raise AssertionError(f"{e}\n{worker.log()}") from None
             assert runs == [("succeeded", None)], runs
         [(token, pid)] = query(
             dsn,

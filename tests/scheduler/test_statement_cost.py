@@ -324,3 +324,63 @@ def test_a_worker_refuses_a_schema_before_migration_12(dsn: str, schema: str) ->
     assert isinstance(worker.error, tenure.SchemaNotReady), worker.error
     assert "version 11, need 12" in str(worker.error)
     assert "tenure migrate" in str(worker.error)
+
+
+def test_a_claimed_every_job_is_due_at_its_following_slot_where_its_start_leaves_it(
+    dsn: str, schema: str
+) -> None:
+    """The claim moves the job's due index entry out of the claims' way, and the start used to
+    move it a second time, to the following slot: neither update could be heap-only. Now the
+    claim of an `every` job due for its next slot puts it there at once (the earlier of that
+    slot and its lease's expiry), so the start's update moves no index entry."""
+    prepare(dsn, schema)
+    app = tenure.Scheduler(dsn, schema=schema, name="a")
+    app.add_job("e", lambda ctx: None, every="2s", ttl="30s")
+    app.register()
+    with tenure.connect(dsn, schema=schema) as client:
+        # Claimed ahead of its slot (within 2.5 s: every slot of a 2 s job is).
+        rows = client._fetch(
+            "sched_claim", {"limit": 5, "exclude": [], "app": "a", "ahead": 2.5}, doing="claiming"
+        )
+        [claim] = claims_from_rows(rows)[0]
+        [(due_at, next_slot)] = query(
+            dsn,
+            schema,
+            "SELECT due_at, next_slot FROM {schema}.scheduled_jobs WHERE job_key = 'e'",
+        )
+    assert next_slot == claim.state.next_slot
+    assert due_at == next_slot + dt.timedelta(seconds=2) < claim.lease_until
+
+
+def _job_updates(dsn: str, schema: str) -> tuple[int, int]:
+    [row] = query(
+        dsn,
+        schema,
+        "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
+        "WHERE schemaname = %s AND relname = 'scheduled_jobs'",
+        (schema,),
+    )
+    return row
+
+
+def test_two_of_a_runs_three_job_row_updates_are_heap_only(dsn: str, schema: str) -> None:
+    """Claim, start and finish each update the job's row. Only the claim has to move its
+    entry in the due index (out of the way of the claims that follow); the start and the
+    finish leave due_at where it is, so PostgreSQL writes no index entry for them (bench:
+    bench/profile_worker.py's rows/run)."""
+    prepare(dsn, schema)
+    app = tenure.Scheduler(dsn, schema=schema)
+    keys = [f"k{n}" for n in range(20)]
+    for key in keys:
+        app.add_job(key, lambda ctx: None, every="1s", ttl="30s")
+    runs = "SELECT count(*) FROM {schema}.job_runs WHERE outcome = 'succeeded'"
+    with InProcessWorker(app):
+        wait_for(lambda: query(dsn, schema, runs)[0][0] >= 5 * len(keys), timeout=30, what="runs")
+    [(done,)] = query(dsn, schema, runs)
+    # A backend's counts reach pg_stat_user_tables when it goes idle or exits.
+    updated, hot = wait_for(
+        lambda: (row := _job_updates(dsn, schema))[0] >= 3 * done and row,
+        timeout=15,
+        what="the table statistics",
+    )
+    assert hot >= 0.6 * updated, (updated, hot, done)

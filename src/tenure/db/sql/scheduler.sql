@@ -181,8 +181,18 @@ WITH clock AS MATERIALIZED (
     UPDATE {schema}.scheduled_jobs AS j
     SET claim_token = t.fencing_token, claimed_at = clock_timestamp(),
         -- Not due until this lease has expired: the claims that follow (this worker's and
-        -- others') do not read the job again while its start is being recorded.
-        held_until = t.lease_until
+        -- others') do not read the job again while its start is being recorded. An `every`
+        -- job claimed for its next slot is due again at the earlier of the slot after it and
+        -- that expiry: where its start puts it, so the start's update moves no index entry
+        -- and can be heap-only (docs/safety.md, "When a claimed or running job is due
+        -- again"). A guess: the start still sets what its plan says.
+        held_until = CASE
+            WHEN j.every IS NOT NULL AND j.running_slot IS NULL AND j.trigger_at IS NULL
+                 AND j.next_slot + make_interval(secs => extract(epoch FROM j.every))
+                     > clock_timestamp()
+            THEN least(j.next_slot + make_interval(secs => extract(epoch FROM j.every)),
+                       t.lease_until)
+            ELSE t.lease_until END
     FROM taken AS t
     WHERE j.job_key = t.job_key
 ), ready AS (
