@@ -48,9 +48,7 @@ def app_with(dsn: str, schema: str, *jobs: tuple[str, str]) -> None:
     app.register()
 
 
-def test_look_again_when_the_next_slot_comes_within_the_fire_ahead(
-    dsn: str, schema: str
-) -> None:
+def test_look_again_when_the_next_slot_comes_within_the_fire_ahead(dsn: str, schema: str) -> None:
     prepare(dsn, schema)
     app_with(dsn, schema, ("k", "30s"))
     slot = slot_in(dsn, schema, "k", 5.0)
@@ -119,9 +117,7 @@ def test_look_again_at_once_when_a_due_job_was_left_unclaimed(dsn: str, schema: 
     assert ready_at > now + dt.timedelta(seconds=15)
 
 
-def test_a_full_batch_says_nothing_the_worker_claims_again_at_once(
-    dsn: str, schema: str
-) -> None:
+def test_a_full_batch_says_nothing_the_worker_claims_again_at_once(dsn: str, schema: str) -> None:
     prepare(dsn, schema)
     app_with(dsn, schema, ("a1", "30s"), ("a2", "30s"), ("a3", "30s"))
     for key in ("a1", "a2", "a3"):
