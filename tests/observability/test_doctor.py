@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 import tenure
 from tenure.db import migrations
@@ -56,8 +57,8 @@ def test_a_healthy_setup_passes_every_check(dsn: str, migrated: str) -> None:
     found = checks(report)
     assert code == 0 and report["ok"] is True
     assert list(found) == [
-        "dsn", "connect", "server", "schema", "privileges", "vacuum", "clock", "timeouts",
-        "pooler",
+        "dsn", "connect", "server", "schema", "privileges", "vacuum", "memory", "clock",
+        "timeouts", "pooler",
     ]  # fmt: skip
     assert {c["status"] for c in found.values()} == {"ok"}, found
     assert found["dsn"]["details"]["source"] == "$TENURE_DSN"
@@ -67,7 +68,7 @@ def test_a_healthy_setup_passes_every_check(dsn: str, migrated: str) -> None:
     # The text form says the same, one check per line first.
     text = run_tenure(["doctor"], tenure_env(dsn, migrated))
     assert text.returncode == 0
-    assert [line.split()[:2] for line in text.stdout.splitlines() if line[:1].strip()][:9] == [
+    assert [line.split()[:2] for line in text.stdout.splitlines() if line[:1].strip()][:10] == [
         ["ok", name] for name in found
     ]
 
@@ -159,6 +160,43 @@ def test_the_vacuum_check_says_who_removes_the_dead_rows(dsn: str, migrated: str
 def test_the_vacuum_check_skips_a_schema_without_scheduler_tables(dsn: str, schema: str) -> None:
     _code, report = doctor(tenure_env(dsn, schema))
     assert checks(report)["vacuum"]["status"] == "skip"
+    assert checks(report)["memory"]["status"] == "skip"
+
+
+def test_the_memory_check_warns_when_shared_buffers_cannot_hold_the_jobs_history_pages(
+    dsn: str, migrated: str
+) -> None:
+    """48 kB per unpaused job (three job_key-led history indexes, a leaf page each, twice
+    over): a fleet of frequent jobs on a server at a default shared_buffers slowed down the
+    longer it ran (bench/README.md, "Sixth pass")."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        [(shared,)] = conn.execute(
+            "SELECT setting::bigint * 8192 FROM pg_settings WHERE name = 'shared_buffers'"
+        ).fetchall()
+        many = shared // (48 * 1024) + 1
+
+        def jobs(n: int) -> None:
+            table = sql.Identifier(migrated, "scheduled_jobs")
+            conn.execute(sql.SQL("TRUNCATE {} CASCADE").format(table))
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO {} (job_key, every, timezone, ttl, misfire, on_crash, "
+                    "defined_at, defined_by, next_slot) SELECT 'job-' || n, interval '1 s', "
+                    "'UTC', interval '30 s', 'latest', 'retry', now(), 't', now() "
+                    "FROM generate_series(1, %s) n"
+                ).format(table),
+                (n,),
+            )
+
+        jobs(many - 1)
+        _code, report = doctor(tenure_env(dsn, migrated))
+        assert checks(report)["memory"]["status"] == "ok", checks(report)["memory"]
+        jobs(many)
+        code, report = doctor(tenure_env(dsn, migrated))
+    memory = checks(report)["memory"]
+    assert code == 0 and memory["status"] == "warn", memory  # a warning, not a failure
+    assert memory["details"]["scheduled jobs (unpaused)"] == str(many)
+    assert "raise shared_buffers" in memory["advice"]
 
 
 @pytest.mark.skipif(

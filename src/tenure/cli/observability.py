@@ -132,8 +132,10 @@ def doctor(
     """Check this host's set-up against the database.
 
     DSN (where it comes from, password hidden), connectivity, server version and role,
-    schema version, clock difference with the database (a warning only: tenure trusts the
-    database clock), timeouts in force, and whether PgBouncer sits in between.
+    schema version, privileges, who vacuums the scheduler's tables, whether shared_buffers
+    holds the history pages the scheduled jobs keep hot, clock difference with the database
+    (a warning only: tenure trusts the database clock), timeouts in force, and whether
+    PgBouncer sits in between.
 
     Exits 1 if a check failed, 0 otherwise (warnings included).
     """

@@ -50,6 +50,12 @@ from ..scheduler import vacuum
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 MIN_SERVER = 120000  # PostgreSQL 12: generated columns (scheduler tables)
 CLOCK_WARN = 1.0  # seconds of difference worth telling
+#: shared_buffers wanted per scheduled job: a run's history row goes into three job_runs
+#: indexes led by job_key, so each busy job keeps a leaf page of each hot (3 x 8 kB), twice
+#: over for the rest of the working set. Measured: 5,000 jobs every second thrashed 128 MB
+#: once history passed it (p99 lateness 31 ms rising to 155 ms within 300 s) and stayed flat
+#: with 512 MB (bench/README.md, "Sixth pass").
+BUFFERS_PER_JOB = 2 * 3 * 8192
 PGBOUNCER_PORT = 6432
 #: The server settings that bound how long tenure's statements and transactions may wait.
 TIMEOUT_SETTINGS = ("statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout")
@@ -95,6 +101,7 @@ def diagnose(dsn: str | None, schema: str, *, origin: str | None = None) -> list
             ("schema", lambda: _schema(ctx, schema)),
             ("privileges", lambda: _privileges(ctx, schema)),
             ("vacuum", lambda: _vacuum(ctx, schema)),
+            ("memory", lambda: _memory(ctx, schema)),
             ("clock", lambda: _clock(ctx)),
             ("timeouts", lambda: _timeouts(ctx)),
             ("pooler", lambda: _pooler(ctx)),
@@ -369,6 +376,39 @@ def _vacuum(ctx: _Context, schema: str) -> Check:
         "run the workers as the tables' owner (the role that ran `tenure migrate`), GRANT "
         "MAINTAIN on scheduled_jobs, job_leases and job_state (PostgreSQL 17+), or turn "
         "autovacuum on (docs/retention.md, 'Vacuum')",
+    )
+
+
+def _memory(ctx: _Context, schema: str) -> Check:
+    conn = _conn(ctx)
+    named = queries(schema)
+    [(exists,)] = conn.execute(named["observe_has_scheduler"], {"schema": schema}).fetchall()
+    if not exists:
+        return Check("memory", SKIP, f"schema {schema!r} has no scheduler tables yet")
+    [(jobs, shared)] = conn.execute(named["observe_history_memory"], {}).fetchall()
+    wanted = jobs * BUFFERS_PER_JOB
+    mb = 1024 * 1024
+    details = (
+        ("scheduled jobs (unpaused)", str(jobs)),
+        ("shared_buffers", f"{shared // mb} MB"),
+        ("wanted for frequent jobs", f"{-(-wanted // mb)} MB (48 kB per job)"),
+    )
+    if shared >= wanted:
+        return Check(
+            "memory",
+            OK,
+            f"shared_buffers ({shared // mb} MB) holds the history pages {jobs} jobs write to",
+            details,
+        )
+    return Check(
+        "memory",
+        WARN,
+        f"shared_buffers ({shared // mb} MB) is smaller than the {-(-wanted // mb)} MB that "
+        f"{jobs} jobs keep hot when they run every few seconds: once their history outgrows "
+        "it, every run's history write reads and evicts pages, and runs start later",
+        details,
+        "raise shared_buffers (a restart; 25 % of the server's memory is the usual start), "
+        "or ignore this if most jobs run minutes or more apart (bench/README.md, 'Sixth pass')",
     )
 
 

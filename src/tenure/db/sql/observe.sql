@@ -81,3 +81,17 @@ UNION ALL
 SELECT 'function', f.signature, 'EXECUTE'
 FROM unnest(%(functions)s::text[]) AS f(signature)
 WHERE NOT has_function_privilege(f.signature, 'EXECUTE');
+
+-- name: observe_has_scheduler
+SELECT EXISTS (
+    SELECT 1 FROM pg_tables WHERE schemaname = %(schema)s AND tablename = 'scheduled_jobs'
+);
+
+-- name: observe_history_memory
+-- tenure doctor's memory check: how many unpaused scheduled jobs there are (each run's history
+-- row goes into three indexes led by job_key, job_runs_run, _history and _window: one leaf
+-- page per job and index stays hot) against shared_buffers, in bytes. NULL jobs: no
+-- scheduler tables yet.
+SELECT (SELECT count(*) FROM {schema}.scheduled_jobs WHERE NOT paused) AS jobs,
+       (SELECT setting::bigint * 8192 FROM pg_settings WHERE name = 'shared_buffers')
+           AS shared_buffers;
