@@ -14,19 +14,7 @@ from psycopg import sql
 
 import tenure
 from tenure.scheduler.claim import claims_from_rows
-from tests.support.scheduler_support import prepare, query
-
-
-def slot_in(dsn: str, schema: str, key: str, seconds: float) -> dt.datetime:
-    """Move ``key``'s next slot to ``seconds`` from now by the database clock."""
-    [(slot,)] = query(
-        dsn,
-        schema,
-        "UPDATE {schema}.scheduled_jobs SET next_slot = clock_timestamp() + %s "
-        "WHERE job_key = %s RETURNING next_slot",
-        (dt.timedelta(seconds=seconds), key),
-    )
-    return slot  # type: ignore[no-any-return]
+from tests.support.scheduler_support import prepare, query, slot_in
 
 
 def claim(client: tenure.Client, ahead: float, limit: int = 10) -> tuple[list[str], Any, Any]:

@@ -20,19 +20,7 @@ from tenure.scheduler import worker as worker_module
 from tenure.scheduler.claim import Claim, claims_from_rows
 from tenure.scheduler.jobs import schedule_from_row
 from tenure.scheduler.schedules import JobState, plan
-from tests.support.scheduler_support import InProcessWorker, prepare, query, wait_for
-
-
-def slot_in(dsn: str, schema: str, key: str, seconds: float) -> dt.datetime:
-    """Move ``key``'s next slot to ``seconds`` from now by the database clock."""
-    [(slot,)] = query(
-        dsn,
-        schema,
-        "UPDATE {schema}.scheduled_jobs SET next_slot = clock_timestamp() + %s "
-        "WHERE job_key = %s RETURNING next_slot",
-        (dt.timedelta(seconds=seconds), key),
-    )
-    return slot  # type: ignore[no-any-return]
+from tests.support.scheduler_support import InProcessWorker, prepare, query, slot_in, wait_for
 
 
 def claim(client: tenure.Client, ahead: float) -> tuple[list[Any], Any]:

@@ -220,13 +220,14 @@ def test_a_claimed_job_is_not_due_again_until_its_lease_expires(dsn: str, schema
     assert retaken.token == claim.token + 1
 
 
-def _job_runs_writes(dsn: str, schema: str) -> tuple[int, int]:
+def _writes(dsn: str, schema: str, table: str) -> tuple[int, int, int]:
+    """Rows inserted, updated, and updated heap-only in ``table`` (pg_stat_user_tables)."""
     [row] = query(
         dsn,
         schema,
-        "SELECT n_tup_ins, n_tup_upd FROM pg_stat_user_tables "
-        "WHERE schemaname = %s AND relname = 'job_runs'",
-        (schema,),
+        "SELECT n_tup_ins, n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
+        "WHERE schemaname = %s AND relname = %s",
+        (schema, table),
     )
     return row
 
@@ -257,8 +258,8 @@ def test_a_run_writes_its_history_row_once(dsn: str, schema: str) -> None:
         )
     # A backend's counts reach pg_stat_user_tables when it goes idle or exits (the worker's
     # connections closed with it).
-    inserted, updated = wait_for(
-        lambda: (row := _job_runs_writes(dsn, schema))[0] >= len(keys) and row,
+    inserted, updated, _hot = wait_for(
+        lambda: (row := _writes(dsn, schema, "job_runs"))[0] >= len(keys) and row,
         timeout=15,
         what="the table statistics",
     )
@@ -352,17 +353,6 @@ def test_a_claimed_every_job_is_due_at_its_following_slot_where_its_start_leaves
     assert due_at == next_slot + dt.timedelta(seconds=2) < claim.lease_until
 
 
-def _job_updates(dsn: str, schema: str) -> tuple[int, int]:
-    [row] = query(
-        dsn,
-        schema,
-        "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
-        "WHERE schemaname = %s AND relname = 'scheduled_jobs'",
-        (schema,),
-    )
-    return row
-
-
 def test_two_of_a_runs_three_job_row_updates_are_heap_only(dsn: str, schema: str) -> None:
     """Claim, start and finish each update the job's row. Only the claim has to move its
     entry in the due index (out of the way of the claims that follow); the start and the
@@ -378,8 +368,8 @@ def test_two_of_a_runs_three_job_row_updates_are_heap_only(dsn: str, schema: str
         wait_for(lambda: query(dsn, schema, runs)[0][0] >= 3 * len(keys), timeout=30, what="runs")
     [(done,)] = query(dsn, schema, runs)
     # A backend's counts reach pg_stat_user_tables when it goes idle or exits.
-    updated, hot = wait_for(
-        lambda: (row := _job_updates(dsn, schema))[0] >= 3 * done and row,
+    _inserted, updated, hot = wait_for(
+        lambda: (row := _writes(dsn, schema, "scheduled_jobs"))[1] >= 3 * done and row,
         timeout=15,
         what="the table statistics",
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import signal
 import subprocess
@@ -52,6 +53,18 @@ def query(dsn: str, schema: str, text: str, params: Sequence[Any] = ()) -> list[
     with psycopg.connect(dsn, autocommit=True) as conn:
         cur = conn.execute(sql.SQL(text).format(schema=sql.Identifier(schema)), params)
         return cur.fetchall() if cur.description else []
+
+
+def slot_in(dsn: str, schema: str, key: str, seconds: float) -> dt.datetime:
+    """Move ``key``'s next slot to ``seconds`` from now by the database clock."""
+    [(slot,)] = query(
+        dsn,
+        schema,
+        "UPDATE {schema}.scheduled_jobs SET next_slot = clock_timestamp() + %s "
+        "WHERE job_key = %s RETURNING next_slot",
+        (dt.timedelta(seconds=seconds), key),
+    )
+    return slot  # type: ignore[no-any-return]
 
 
 def wait_for(
