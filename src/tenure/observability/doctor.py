@@ -408,7 +408,7 @@ def _memory(ctx: _Context, schema: str) -> Check:
         "it, every run's history write reads and evicts pages, and runs start later",
         details,
         "raise shared_buffers (a restart; 25 % of the server's memory is the usual start), "
-        "or ignore this if most jobs run minutes or more apart (bench/README.md, 'Sixth pass')",
+        "or ignore this if most jobs run minutes or more apart (docs/retention.md, 'Memory')",
     )
 
 

@@ -90,8 +90,8 @@ SELECT EXISTS (
 -- name: observe_history_memory
 -- tenure doctor's memory check: how many unpaused scheduled jobs there are (each run's history
 -- row goes into three indexes led by job_key, job_runs_run, _history and _window: one leaf
--- page per job and index stays hot) against shared_buffers, in bytes. NULL jobs: no
--- scheduler tables yet.
+-- page per job and index stays hot) against shared_buffers, in bytes. Only where
+-- observe_has_scheduler says the table is there.
 SELECT (SELECT count(*) FROM {schema}.scheduled_jobs WHERE NOT paused) AS jobs,
        (SELECT setting::bigint * 8192 FROM pg_settings WHERE name = 'shared_buffers')
            AS shared_buffers;
