@@ -13,19 +13,12 @@ import psycopg
 from psycopg import sql
 
 import tenure
-from tenure.scheduler.claim import claims_from_rows
-from tests.support.scheduler_support import prepare, query, slot_in
+from tests.support.scheduler_support import claim_batch, prepare, query, slot_in
 
 
 def claim(client: tenure.Client, ahead: float, limit: int = 10) -> tuple[list[str], Any, Any]:
     """The keys claimed, the database's now and the look-again time."""
-    rows = client._fetch(
-        "sched_claim",
-        {"limit": limit, "exclude": [], "app": "a", "ahead": ahead},
-        doing="claiming",
-        wrote=True,
-    )
-    claims, summary = claims_from_rows(rows)
+    claims, summary = claim_batch(client, ahead, limit=limit)
     return [c.job_key for c in claims], summary[19], summary[20]
 
 

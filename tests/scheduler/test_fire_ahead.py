@@ -17,21 +17,17 @@ import pytest
 
 import tenure
 from tenure.scheduler import worker as worker_module
-from tenure.scheduler.claim import Claim, claims_from_rows
+from tenure.scheduler.claim import Claim
 from tenure.scheduler.jobs import schedule_from_row
 from tenure.scheduler.schedules import JobState, plan
-from tests.support.scheduler_support import InProcessWorker, prepare, query, slot_in, wait_for
-
-
-def claim(client: tenure.Client, ahead: float) -> tuple[list[Any], Any]:
-    rows = client._fetch(
-        "sched_claim",
-        {"limit": 10, "exclude": [], "app": "a", "ahead": ahead},
-        doing="claiming",
-        wrote=True,
-    )
-    claims, summary = claims_from_rows(rows)
-    return claims, summary
+from tests.support.scheduler_support import (
+    InProcessWorker,
+    claim_batch,
+    prepare,
+    query,
+    slot_in,
+    wait_for,
+)
 
 
 def test_the_claim_takes_a_job_ahead_of_its_slot_only_within_the_fire_ahead_and_a_long_ttl(
@@ -45,12 +41,12 @@ def test_the_claim_takes_a_job_ahead_of_its_slot_only_within_the_fire_ahead_and_
     slot = slot_in(dsn, schema, "long", 1.0)
     short_slot = slot_in(dsn, schema, "short", 1.5)
     with tenure.connect(dsn, schema=schema) as client:
-        claims, summary = claim(client, 0.0)
+        claims, summary = claim_batch(client, 0.0)
         assert claims == []
         # Without fire-ahead: look again when the first slot comes.
         assert summary[20] == slot
 
-        claims, summary = claim(client, 2.0)
+        claims, summary = claim_batch(client, 2.0)
         # "short" (1 s TTL) may hold a lease only a tenth of its TTL longer than its run:
         # it waits for its slot, and the worker is told to look again then.
         assert [c.job_key for c in claims] == ["long"]

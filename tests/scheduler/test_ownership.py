@@ -15,7 +15,7 @@ import pytest
 
 import tenure
 from tests.support.env import ROOT, tenure_env
-from tests.support.scheduler_support import WorkerProcess, prepare, query
+from tests.support.scheduler_support import WorkerProcess, claim_batch, prepare, query
 
 A = "tests.support.scheduler_apps:owner_a"
 B = "tests.support.scheduler_apps:owner_b"
@@ -131,18 +131,11 @@ def test_register_refuses_another_apps_job_writing_nothing_and_adopt_takes_it(
     # although "k" is due (triggered); one for app "b" takes it.
     with tenure.connect(dsn, schema=schema) as client:
         from tenure.scheduler import jobs as ops
-        from tenure.scheduler.claim import claims_from_rows
 
         ops.trigger(client, "k", channel=ops.channel_name(schema))
 
         def claim(app: str) -> list[str]:
-            rows = client._fetch(
-                "sched_claim",
-                {"limit": 10, "exclude": ["b-only"], "app": app, "ahead": 0.0},
-                doing="claiming",
-                wrote=True,
-            )
-            return [c.job_key for c in claims_from_rows(rows)[0]]
+            return [c.job_key for c in claim_batch(client, app=app, exclude=["b-only"])[0]]
 
         assert claim("a") == []
         assert claim("b") == ["k"]

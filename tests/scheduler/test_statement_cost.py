@@ -20,9 +20,9 @@ import pytest
 import tenure
 from tenure.db.queries import query as named_query
 from tenure.scheduler import jobs as ops
-from tenure.scheduler.claim import Finished, claims_from_rows, finish_params
+from tenure.scheduler.claim import Finished, finish_params
 from tests.support.scheduler_apps import NEVER
-from tests.support.scheduler_support import InProcessWorker, prepare, query, wait_for
+from tests.support.scheduler_support import InProcessWorker, claim_batch, prepare, query, wait_for
 
 
 def due(dsn: str, schema: str, key: str) -> tuple[Any, ...]:
@@ -108,9 +108,7 @@ def test_start_and_finish_are_never_prepared(dsn: str, schema: str) -> None:
         }
         for _ in range(8):
             client._fetch("sched_finish", finish_params([], **where), doing="finishing")
-            client._fetch(
-                "sched_claim", {"limit": 1, "exclude": [], "app": "a", "ahead": 0.0}, doing="claim"
-            )
+            claim_batch(client, limit=1)
         with client._pool.connection() as conn:
             prepared = [
                 text
@@ -185,10 +183,7 @@ def test_a_claimed_job_is_not_due_again_until_its_lease_expires(dsn: str, schema
     app.register()
     with tenure.connect(dsn, schema=schema) as client:
         ops.trigger(client, "k", channel=ops.channel_name(schema))
-        rows = client._fetch(
-            "sched_claim", {"limit": 5, "exclude": [], "app": "a", "ahead": 0.0}, doing="claiming"
-        )
-        [claim] = claims_from_rows(rows)[0]
+        [claim] = claim_batch(client, limit=5)[0]
         [(due_at, passed)] = query(
             dsn,
             schema,
@@ -196,10 +191,7 @@ def test_a_claimed_job_is_not_due_again_until_its_lease_expires(dsn: str, schema
             "WHERE job_key = 'k'",
         )
         assert (due_at, passed) == (claim.lease_until, False)
-        again = client._fetch(
-            "sched_claim", {"limit": 5, "exclude": [], "app": "a", "ahead": 0.0}, doing="claiming"
-        )
-        assert claims_from_rows(again)[0] == []
+        assert claim_batch(client, limit=5)[0] == []
         client._fetch(
             "sched_unclaim",
             {"keys": ["k"], "tokens": [claim.token], "owners": [claim.owner]},
@@ -212,11 +204,7 @@ def test_a_claimed_job_is_not_due_again_until_its_lease_expires(dsn: str, schema
             "WHERE job_key = 'k'",
         )
         assert (text, passed) == ("-infinity", True)  # the trigger is still pending
-        [retaken] = claims_from_rows(
-            client._fetch(
-                "sched_claim", {"limit": 5, "exclude": [], "app": "a", "ahead": 0.0}, doing="c"
-            )
-        )[0]
+        [retaken] = claim_batch(client, limit=5)[0]
     assert retaken.token == claim.token + 1
 
 
@@ -340,10 +328,7 @@ def test_a_claimed_every_job_is_due_at_its_following_slot_where_its_start_leaves
     app.register()
     with tenure.connect(dsn, schema=schema) as client:
         # Claimed ahead of its slot (within 2.5 s: every slot of a 2 s job is).
-        rows = client._fetch(
-            "sched_claim", {"limit": 5, "exclude": [], "app": "a", "ahead": 2.5}, doing="claiming"
-        )
-        [claim] = claims_from_rows(rows)[0]
+        [claim] = claim_batch(client, 2.5, limit=5)[0]
         [(due_at, next_slot)] = query(
             dsn,
             schema,

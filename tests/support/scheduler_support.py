@@ -18,6 +18,7 @@ import psycopg
 from psycopg import sql
 
 import tenure
+from tenure.scheduler.claim import Claim, claims_from_rows
 from tests.support.env import ROOT
 from tests.support.scheduler_apps import EVIDENCE
 
@@ -65,6 +66,24 @@ def slot_in(dsn: str, schema: str, key: str, seconds: float) -> dt.datetime:
         (dt.timedelta(seconds=seconds), key),
     )
     return slot  # type: ignore[no-any-return]
+
+
+def claim_batch(
+    client: tenure.Client,
+    ahead: float = 0.0,
+    *,
+    limit: int = 10,
+    app: str = "a",
+    exclude: Sequence[str] = (),
+) -> tuple[list[Claim], Sequence[Any]]:
+    """One ``sched_claim`` as a worker of ``app`` sends it: the claims and the summary row."""
+    rows = client._fetch(
+        "sched_claim",
+        {"limit": limit, "exclude": list(exclude), "app": app, "ahead": ahead},
+        doing="claiming",
+        wrote=True,
+    )
+    return claims_from_rows(rows)
 
 
 def wait_for(
