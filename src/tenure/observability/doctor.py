@@ -253,7 +253,9 @@ def _schema(ctx: _Context, schema: str) -> Check:
     conn = _conn(ctx)
     expected = migrations.latest()
     named = queries(schema)
-    [(exists,)] = conn.execute(named["observe_has_schema"], {"schema": schema}).fetchall()
+    [(exists,)] = conn.execute(
+        named["observe_has_table"], {"schema": schema, "table": "tenure_migrations"}
+    ).fetchall()
     version = None
     if exists:
         [(version,)] = conn.execute(named["observe_schema_version"], {}).fetchall()
@@ -382,28 +384,31 @@ def _vacuum(ctx: _Context, schema: str) -> Check:
 def _memory(ctx: _Context, schema: str) -> Check:
     conn = _conn(ctx)
     named = queries(schema)
-    [(exists,)] = conn.execute(named["observe_has_scheduler"], {"schema": schema}).fetchall()
+    [(exists,)] = conn.execute(
+        named["observe_has_table"], {"schema": schema, "table": "scheduled_jobs"}
+    ).fetchall()
     if not exists:
         return Check("memory", SKIP, f"schema {schema!r} has no scheduler tables yet")
     [(jobs, shared)] = conn.execute(named["observe_history_memory"], {}).fetchall()
     wanted = jobs * BUFFERS_PER_JOB
     mb = 1024 * 1024
+    shared_mb, wanted_mb = shared // mb, -(-wanted // mb)  # wanted: rounded up
     details = (
         ("scheduled jobs (unpaused)", str(jobs)),
-        ("shared_buffers", f"{shared // mb} MB"),
-        ("wanted for frequent jobs", f"{-(-wanted // mb)} MB (48 kB per job)"),
+        ("shared_buffers", f"{shared_mb} MB"),
+        ("wanted for frequent jobs", f"{wanted_mb} MB ({BUFFERS_PER_JOB // 1024} kB per job)"),
     )
     if shared >= wanted:
         return Check(
             "memory",
             OK,
-            f"shared_buffers ({shared // mb} MB) holds the history pages {jobs} jobs write to",
+            f"shared_buffers ({shared_mb} MB) holds the history pages {jobs} jobs write to",
             details,
         )
     return Check(
         "memory",
         WARN,
-        f"shared_buffers ({shared // mb} MB) is smaller than the {-(-wanted // mb)} MB that "
+        f"shared_buffers ({shared_mb} MB) is smaller than the {wanted_mb} MB that "
         f"{jobs} jobs keep hot when they run every few seconds: once their history outgrows "
         "it, every run's history write reads and evicts pages, and runs start later",
         details,

@@ -148,7 +148,9 @@ class Database:
         return conn.execute(self._queries[name], params or {}).fetchall()
 
     def _schema_version(self, conn: psycopg.Connection[Any]) -> int | None:
-        [(exists,)] = self._run(conn, "observe_has_schema", {"schema": self.schema})
+        [(exists,)] = self._run(
+            conn, "observe_has_table", {"schema": self.schema, "table": "tenure_migrations"}
+        )
         if not exists:
             return None
         [(version,)] = self._run(conn, "observe_schema_version")

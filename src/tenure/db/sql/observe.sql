@@ -2,9 +2,11 @@
 -- scrape time. Cluster-wide values, the same whichever process serves them. Every time is
 -- the database clock. {schema} is substituted as an identifier.
 
--- name: observe_has_schema
+-- name: observe_has_table
+-- Whether the schema has this table yet: tenure_migrations (any tenure tables at all),
+-- scheduled_jobs (the scheduler's).
 SELECT EXISTS (
-    SELECT 1 FROM pg_tables WHERE schemaname = %(schema)s AND tablename = 'tenure_migrations'
+    SELECT 1 FROM pg_tables WHERE schemaname = %(schema)s AND tablename = %(table)s
 );
 
 -- name: observe_schema_version
@@ -82,16 +84,10 @@ SELECT 'function', f.signature, 'EXECUTE'
 FROM unnest(%(functions)s::text[]) AS f(signature)
 WHERE NOT has_function_privilege(f.signature, 'EXECUTE');
 
--- name: observe_has_scheduler
-SELECT EXISTS (
-    SELECT 1 FROM pg_tables WHERE schemaname = %(schema)s AND tablename = 'scheduled_jobs'
-);
-
 -- name: observe_history_memory
 -- tenure doctor's memory check: how many unpaused scheduled jobs there are (each run's history
 -- row goes into three indexes led by job_key, job_runs_run, _history and _window: one leaf
 -- page per job and index stays hot) against shared_buffers, in bytes. Only where
--- observe_has_scheduler says the table is there.
+-- observe_has_table says scheduled_jobs is there.
 SELECT (SELECT count(*) FROM {schema}.scheduled_jobs WHERE NOT paused) AS jobs,
-       (SELECT setting::bigint * 8192 FROM pg_settings WHERE name = 'shared_buffers')
-           AS shared_buffers;
+       pg_size_bytes(current_setting('shared_buffers')) AS shared_buffers;
