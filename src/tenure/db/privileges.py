@@ -39,8 +39,8 @@ TABLES: tuple[TableNeed, ...] = (
     ),
     TableNeed(
         "scheduled_jobs",
-        ("SELECT", "INSERT", "UPDATE"),
-        "`tenure worker` (registration, claims) and `tenure jobs`",
+        ("SELECT", "INSERT", "UPDATE", "DELETE"),
+        "`tenure worker` (registration, claims) and `tenure jobs` (DELETE: `jobs remove`)",
     ),
     TableNeed(
         "job_runs",

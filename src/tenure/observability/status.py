@@ -14,6 +14,8 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..scheduler.jobs import undefined_jobs
+
 if TYPE_CHECKING:
     import uuid
 
@@ -71,6 +73,8 @@ class JobOverview:
     result_at: dt.datetime | None
     now: dt.datetime
     quarantined: str | None = None  # why the scheduler quarantined (paused) the job
+    #: A scheduled job that no live worker of its app defines (scheduler/presence.py).
+    undefined: bool = False
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -83,6 +87,7 @@ class JobOverview:
             "scheduled": self.scheduled,
             "paused": self.paused,
             "quarantined": self.quarantined,
+            "defined": None if not self.scheduled else not self.undefined,
             "next_slot": _iso(self.next_slot),
             "last_run": None if self.last_run is None else self.last_run.as_json(),
             "window_seconds": self.window,
@@ -115,6 +120,7 @@ def overview(client: Client, *, window: float = 3600.0) -> list[JobOverview]:
         {"window": dt.timedelta(seconds=window)},
         doing="reading the status of every job",
     )
+    undefined = undefined_jobs(client) if any(row[6] for row in rows) else set()
     found = []
     for row in rows:
         key, token, owner, until, held, left, scheduled, paused, next_slot = row[:9]
@@ -158,6 +164,7 @@ def overview(client: Client, *, window: float = 3600.0) -> list[JobOverview]:
                 result_at=result_at,
                 now=now,
                 quarantined=quarantined,
+                undefined=key in undefined,
             )
         )
     return found

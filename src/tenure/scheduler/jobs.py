@@ -12,13 +12,17 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import TenureError, UnknownJob
+from ..errors import JobStillDefined, TenureError, UnknownJob
 from ..validation import check_int, check_job_key
+from .presence import PRESENCE_TTL
+from .registration import REGISTER_LOCK
 from .schedules import schedule_from_row
 
 if TYPE_CHECKING:
     from ..leases._sync.client import Client
 
+#: The state of a job that no live worker of its app defines (scheduler/presence.py).
+UNDEFINED = "no worker defines it"
 #: Most history rows one call returns.
 MAX_LIMIT = 100_000
 
@@ -53,10 +57,16 @@ class JobStatus:
     quarantined_at: dt.datetime | None = None
     quarantined: str | None = None  # the reason, while quarantined
     app: str | None = None  # the app that owns the definition (None: not stamped yet)
+    #: No live worker of its app defines it (removed from the code; its app has live
+    #: workers): nothing runs it. ``tenure jobs remove`` deletes it.
+    undefined: bool = False
 
     @property
     def state(self) -> str:
-        """quarantined, paused, running or scheduled (+trigger when one is pending)."""
+        """no worker defines it, quarantined, paused, running or scheduled (+trigger when one
+        is pending)."""
+        if self.undefined:
+            return UNDEFINED
         if self.quarantined is not None:
             state = "quarantined"
         elif self.paused:
@@ -94,6 +104,8 @@ class JobStatus:
             "quarantined": self.quarantined,
             "quarantined_at": _iso(self.quarantined_at),
             "app": self.app,
+            "state": self.state,
+            "defined": not self.undefined,
         }
 
 
@@ -145,8 +157,15 @@ def _iso(value: dt.datetime | None) -> str | None:
     return None if value is None else value.isoformat()
 
 
+def undefined_jobs(client: Client) -> set[str]:
+    """The job keys no worker defines (``sched_undefined``, see scheduler/presence.py)."""
+    rows = client._fetch("sched_undefined", {}, doing="reading which jobs no worker defines")
+    return {row[0] for row in rows}
+
+
 def list_jobs(client: Client) -> list[JobStatus]:
     rows = client._fetch("sched_list", {}, doing="listing scheduled jobs")
+    undefined = undefined_jobs(client) if rows else set()
     out = []
     for row in rows:
         (
@@ -207,6 +226,7 @@ def list_jobs(client: Client) -> list[JobStatus]:
                 quarantined_at,
                 quarantine_reason,
                 app,
+                key in undefined,
             )
         )
     return out
@@ -301,3 +321,42 @@ def history(client: Client, job_key: str, *, limit: int = 20) -> list[RunRecord]
         doing=f"reading the history of {job_key!r}",
     )
     return [RunRecord(*row) for row in rows]
+
+
+@dataclass(frozen=True, slots=True)
+class Removed:
+    app: str | None
+    token: int | None  # the key's token floor, kept: a job defined again continues above it
+
+
+def remove(client: Client, job_key: str, *, channel: str) -> Removed:
+    """Delete ``job_key``'s definition; its lease row and token stay (invariant 1: a lease
+    row is never deleted; a key defined again continues above its token).
+
+    Refused (:class:`~tenure.JobStillDefined`) while a live worker of its app defines it, or
+    while its lease is live.
+    """
+    check_job_key(job_key)
+    app, removed, definers, held_until, token, _ = _require(
+        client._fetch_sized(
+            "sched_remove",
+            {"job_key": job_key, "channel": channel},
+            doing=f"removing {job_key!r}",
+            seconds=5.0,
+            serialize=REGISTER_LOCK,
+            wrote=True,
+        ),
+        job_key,
+    )
+    if removed:
+        return Removed(app, token)
+    if definers:
+        raise JobStillDefined(
+            f"job {job_key!r} is still defined by live workers of app {app!r}: {definers}; "
+            "deploy workers without it and stop these first (a killed worker counts for "
+            f"{PRESENCE_TTL:g}s after its last beat), then remove it"
+        )
+    raise JobStillDefined(
+        f"job {job_key!r} has a live lease (token {token}, until {held_until.isoformat()}): "
+        "a run is going; try again once it has ended"
+    )

@@ -59,6 +59,7 @@ from ..errors import DatabaseUnavailable, InvalidArgument, SchemaNotReady, Tenur
 from ..leases._async.client import AsyncClient, connect_async, default_margin
 from ..leases._async.lease import AsyncLease
 from ..leases.models import Grant
+from . import presence
 from .background import listen, prune
 from .claim import (
     Claim,
@@ -234,6 +235,7 @@ class Worker:
                     f"(version {version}, need {SCHEMA_VERSION}); run `tenure migrate` or "
                     "start the worker with --migrate"
                 )
+            await presence.enter(self)  # before registering: see presence.enter
             await register(
                 self.client, specs, defined_by=self.label, app=self.app_name, adopt=self.adopt
             )
@@ -248,6 +250,7 @@ class Worker:
             tasks.append(asyncio.create_task(listener, name="tenure-listen"))
             tasks.append(asyncio.create_task(pruner, name="tenure-prune"))
             tasks.append(asyncio.create_task(self._rows_in_progress(), name="tenure-running"))
+            tasks.append(asyncio.create_task(presence.beat_forever(self), name="tenure-presence"))
             if app.vacuum_every > 0:
                 vacuum = vacuum_forever(self.client, app.vacuum_every, who=self.label)
                 tasks.append(asyncio.create_task(vacuum, name="tenure-vacuum"))
@@ -287,6 +290,7 @@ class Worker:
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            await presence.leave(self)
             await self.client.close()
         if cancelled:
             raise asyncio.CancelledError

@@ -158,9 +158,14 @@ class JobRow:
     last_token: int | None
     now: dt.datetime
     quarantined: bool = False
+    #: No live worker of its app defines it (scheduler/presence.py): shown as "no worker
+    #: defines it".
+    undefined: bool = False
 
     @property
     def state(self) -> str:
+        if self.undefined:
+            return "undefined"
         if self.quarantined:
             return "quarantined"
         if self.paused:
@@ -432,6 +437,12 @@ class Reader:
         }
         async with self._session() as conn:
             rows = await self._all(conn, name, params)
+            keys = [row[0] for row in rows]
+            undefined = (
+                {r[0] for r in await self._all(conn, "ui_undefined", {"keys": keys})}
+                if keys
+                else set()
+            )
         total = rows[0][14] if rows else 0
         out = tuple(
             JobRow(
@@ -450,6 +461,7 @@ class Reader:
                 last_token,
                 now,
                 quarantined_at is not None,
+                key in undefined,
             )
             for (
                 key,
