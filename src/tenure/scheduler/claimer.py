@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from .. import metrics
 from .._acompat import monotonic
 from ..errors import InvalidArgument, TenureError
-from ..leases._async.client import AsyncClient
+from .attached import OnClient
 from .claim import Claim, claims_from_rows
 from .execution import Run
 from .jobs import schedule_from_row
@@ -39,7 +39,7 @@ CONTENTION_BACKOFF = 0.02
 FIRE_AHEAD = 0.2
 
 
-class Claimer:
+class Claimer(OnClient):
     """One worker's claim loop. ``running``: the worker's runs in flight; ``wake``: set by
     anything that may make claiming worth it (a notification, a run's end, a stop)."""
 
@@ -60,19 +60,10 @@ class Claimer:
         self._running = running
         self._wake = wake
         self.saturation = saturation
-        self._client: AsyncClient | None = None
         self._stopping = False
         self._exclude: set[str] = set()
         self._warned: set[tuple[str, int]] = set()
         self._schedules: dict[tuple[str, str | None, dt.timedelta | None, str], Schedule] = {}
-
-    @property
-    def client(self) -> AsyncClient:
-        assert self._client is not None, "the worker is not running"
-        return self._client
-
-    def attach(self, client: AsyncClient) -> None:
-        self._client = client
 
     def stop(self) -> None:
         self._stopping = True

@@ -12,7 +12,7 @@ import logging
 from .. import metrics
 from .._acompat import monotonic
 from ..errors import DatabaseUnavailable, TenureError
-from ..leases._async.client import AsyncClient
+from .attached import OnClient
 from .claim import Finished, finish_params, run_fields, running_params
 from .execution import Run
 from .identity import WorkerIdentity
@@ -29,7 +29,7 @@ FINISH_EVERY = 0.05
 RUNNING_ROW_AFTER = 1.0
 
 
-class Finisher:
+class Finisher(OnClient):
     """Records the ends of one worker's runs. ``running``: the worker's runs in flight, keyed
     by (job, token), which an ended run leaves once recorded; ``wake``: the claim loop's."""
 
@@ -46,7 +46,6 @@ class Finisher:
         self.channel = channel
         self.running = running
         self.wake = wake
-        self._client: AsyncClient | None = None
         # Ended runs that make the finisher send at once (see _finish_batches).
         self._full = max(1, concurrency // 4)
         # Ended runs waiting for the finisher, and the finisher task while it runs.
@@ -56,14 +55,6 @@ class Finisher:
         self._stopping = False
         self.runs = 0
         self.handed_over = 0
-
-    @property
-    def client(self) -> AsyncClient:
-        assert self._client is not None, "the worker is not running"
-        return self._client
-
-    def attach(self, client: AsyncClient) -> None:
-        self._client = client
 
     def stop(self) -> None:
         """The worker is stopping: send what is queued without pausing."""

@@ -19,6 +19,7 @@ from .. import metrics
 from .._acompat import monotonic
 from ..errors import TenureError
 from ..leases._async.client import AsyncClient
+from .attached import OnClient
 from .claim import Claim, start_params
 from .execution import Run
 from .identity import WorkerIdentity
@@ -48,7 +49,7 @@ class _Planned:
         self.sent = sent
 
 
-class Starter:
+class Starter(OnClient):
     """One worker's starter: planned claims wait in a heap by fire time for the single task
     that records their starts. ``starting``: claims taken and not yet running or given back
     (the claim loop counts them against the concurrency); ``wake``: the claim loop's."""
@@ -67,7 +68,6 @@ class Starter:
         self._launch = launch
         self._wake = wake
         self.saturation = saturation
-        self._client: AsyncClient | None = None
         self._stopping = False
         # Planned claims waiting for their start statement (a heap by fire time), the single
         # starter task that sends them, and how many claims are claimed but not yet running.
@@ -78,14 +78,6 @@ class Starter:
         self.starting = 0
         # Background tasks of the claim path (the starter, claims given back): drained at stop.
         self.tasks: set[asyncio.Task[None]] = set()
-
-    @property
-    def client(self) -> AsyncClient:
-        assert self._client is not None, "the worker is not running"
-        return self._client
-
-    def attach(self, client: AsyncClient) -> None:
-        self._client = client
 
     def stop(self) -> None:
         """Claims taken ahead of their slots are given back."""
