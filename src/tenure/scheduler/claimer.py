@@ -20,9 +20,8 @@ from ..errors import InvalidArgument, TenureError
 from .attached import OnClient
 from .claim import Claim, claims_from_rows
 from .execution import Run
-from .jobs import schedule_from_row
 from .saturation import Saturation
-from .schedules import Plan, Schedule, plan
+from .schedules import Plan, Schedule, plan, schedule_from_row
 from .settings import WorkerSettings
 from .spec import JobSpec
 from .starter import Starter, release_claims

@@ -50,6 +50,7 @@ from collections.abc import Mapping
 
 from .. import metrics
 from .._acompat import monotonic
+from ..db.channels import channel
 from ..db.retention import age_text
 from ..errors import InvalidArgument, SchemaNotReady, TenureError
 from ..leases._async.client import AsyncClient, connect_async, default_margin
@@ -62,7 +63,6 @@ from .context import JobContext
 from .execution import Run, execute
 from .finisher import Finisher
 from .identity import WorkerIdentity
-from .jobs import channel_name
 from .registration import register
 from .saturation import Saturation
 from .schedules import Plan, Schedule
@@ -86,7 +86,7 @@ class Worker:
         self.who = WorkerIdentity()
         self.id = self.who.id
         self.shutdown_grace = settings.shutdown_grace
-        self.channel = channel_name(settings.schema)
+        self.channel = channel("jobs", settings.schema)
         self._client: AsyncClient | None = None
         # Keyed by (job, token): a run that lost its lease may still be finishing when this
         # same worker claims the job's retry.
