@@ -107,9 +107,9 @@ def test_start_and_finish_are_never_prepared(dsn: str, schema: str) -> None:
             "pid": 1,
         }
         for _ in range(8):
-            client._fetch("sched_finish", finish_params([], **where), doing="finishing")
+            client.fetch("sched_finish", finish_params([], **where), doing="finishing")
             claim_batch(client, limit=1)
-        with client._pool.connection() as conn:
+        with client.connection() as conn:
             prepared = [
                 text
                 for (text,) in conn.execute(
@@ -192,7 +192,7 @@ def test_a_claimed_job_is_not_due_again_until_its_lease_expires(dsn: str, schema
         )
         assert (due_at, passed) == (claim.lease_until, False)
         assert claim_batch(client, limit=5)[0] == []
-        client._fetch(
+        client.fetch(
             "sched_unclaim",
             {"keys": ["k"], "tokens": [claim.token], "owners": [claim.owner]},
             doing="giving back",

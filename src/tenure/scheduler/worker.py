@@ -300,7 +300,7 @@ class Worker:
             if free > 0:
                 sent = monotonic()  # the lease's local deadline counts from here
                 try:
-                    rows = await self.client._fetch(
+                    rows = await self.client.fetch(
                         "sched_claim",
                         {
                             "limit": free,
@@ -499,7 +499,7 @@ class Worker:
     async def _send_start(self, batch: list[_Planned]) -> list[tuple[Any, ...]] | None:
         """``sched_start`` for a batch; its rows, or None if it was not recorded (logged)."""
         try:
-            rows = await self.client._fetch(
+            rows = await self.client.fetch(
                 "sched_start",
                 start_params(
                     [(p.claim, p.decided) for p in batch],
@@ -624,7 +624,7 @@ class Worker:
     async def _release_claims(self, claims: list[Claim]) -> None:
         """``sched_unclaim``: the leases expire now and the jobs are due as before the claim."""
         try:
-            await self.client._fetch(
+            await self.client.fetch(
                 "sched_unclaim",
                 {
                     "keys": [c.job_key for c in claims],
@@ -755,7 +755,7 @@ class Worker:
         ordered = sorted(batch, key=lambda f: (f.job_key, f.token))  # one lock order
         for attempt in range(3):
             try:
-                rows = await self.client._fetch(
+                rows = await self.client.fetch(
                     "sched_finish",
                     finish_params(
                         ordered, channel=self.channel, worker=self.id, host=self.host, pid=self.pid
@@ -819,7 +819,7 @@ class Worker:
             if not runs:
                 continue
             try:
-                await self.client._fetch(
+                await self.client.fetch(
                     "sched_running",
                     running_params(
                         [
@@ -852,7 +852,7 @@ class Worker:
     ) -> None:
         key, token = run.claim.job_key, run.claim.token
         # A lease marked lost has already been counted out of tenure_leases_held.
-        counted_out = run.lease._lost_reason is not None  # without evaluating the deadline
+        counted_out = run.lease.marked_lost  # without evaluating the deadline
         run.lease.mark_released()
         self.runs += 1
         if not done:
@@ -914,7 +914,7 @@ class Worker:
             await asyncio.wait({self._finisher}, timeout=10.0)
         if self.handed_over:
             with contextlib.suppress(TenureError):
-                await self.client._fetch(
+                await self.client.fetch(
                     "sched_notify",
                     {"channel": self.channel, "payload": "stopped"},
                     doing="notifying peers",
