@@ -289,8 +289,7 @@ def test_no_package_uses_another_packages_private_names() -> None:
 def test_the_private_names_check_catches_a_reach() -> None:
     trees = {
         "tenure.leases.client": ast.parse(
-            "class Client:\n    def __init__(self):\n        self._pool = 1\n"
-            "def _helper(): ...\n"
+            "class Client:\n    def __init__(self):\n        self._pool = 1\ndef _helper(): ...\n"
         ),
         "tenure.outbox.relay": ast.parse(
             "from ..leases.client import _helper\n"
