@@ -115,6 +115,10 @@ class RunRecord:
     finished_at: dt.datetime | None
     outcome: str
     error: str | None
+    #: How many consecutive slots the row stands for (a run of missed slots, slot to
+    #: last_slot; version 13); 1 for a run.
+    slots: int = 1
+    last_slot: dt.datetime | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -132,6 +136,8 @@ class RunRecord:
             "finished_at": _iso(self.finished_at),
             "outcome": self.outcome,
             "error": self.error,
+            "slots": self.slots,
+            "last_slot": _iso(self.last_slot),
         }
 
 
