@@ -77,7 +77,7 @@ class Claimer(OnClient):
             if free > 0:
                 sent = monotonic()  # the lease's local deadline counts from here
                 try:
-                    rows = await self.client._fetch(
+                    rows = await self.client.fetch(
                         "sched_claim",
                         {
                             "limit": free,

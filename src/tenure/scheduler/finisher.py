@@ -118,7 +118,7 @@ class Finisher(OnClient):
         who = self.who
         for attempt in range(3):
             try:
-                rows = await self.client._fetch(
+                rows = await self.client.fetch(
                     "sched_finish",
                     finish_params(
                         ordered, channel=self.channel, worker=who.id, host=who.host, pid=who.pid
@@ -183,7 +183,7 @@ class Finisher(OnClient):
             if not runs:
                 continue
             try:
-                await self.client._fetch(
+                await self.client.fetch(
                     "sched_running",
                     running_params(
                         [r.ident for r in runs], worker=who.id, host=who.host, pid=who.pid
@@ -203,7 +203,7 @@ class Finisher(OnClient):
         ident = run.ident
         key, token = ident.job_key, ident.token
         # A lease marked lost has already been counted out of tenure_leases_held.
-        counted_out = run.lease._lost_reason is not None  # without evaluating the deadline
+        counted_out = run.lease.marked_lost  # without evaluating the deadline
         run.lease.mark_released()
         self.runs += 1
         if not done:

@@ -185,7 +185,7 @@ class Starter(OnClient):
     async def _send_start(self, batch: list[_Planned]) -> list[tuple[Any, ...]] | None:
         """``sched_start`` for a batch; its rows, or None if it was not recorded (logged)."""
         try:
-            rows = await self.client._fetch(
+            rows = await self.client.fetch(
                 "sched_start",
                 start_params(
                     [(p.claim, p.decided) for p in batch],
@@ -222,10 +222,11 @@ class Starter(OnClient):
             # holder's lease kept the job (it overran, froze or died) counts from the lease's
             # end, and one skipped then does not count.
             skipped += sum(
-                s.outcome == "misfire_skipped"
+                s.count  # a run of missed slots counts as its first slot does
+                for s in decided.skipped
+                if s.outcome == "misfire_skipped"
                 and counts(s.slot)
                 and not claim.held_elsewhere(s.slot)
-                for s in decided.skipped
             )
             slot, at = decided.run_slot, started[claim.job_key]
             if decided.run_kind == "scheduled" and slot is not None and at and counts(slot):
@@ -274,11 +275,11 @@ class Starter(OnClient):
                 level,
                 "job %r: %d missed slot(s) skipped (misfire=%r%s), %s .. %s",
                 claim.job_key,
-                len(missed),
+                sum(s.count for s in missed),
                 claim.misfire,
                 ", worker saturated" if quiet else "",
                 missed[0].slot.isoformat(),
-                missed[-1].slot.isoformat(),
+                (missed[-1].last or missed[-1].slot).isoformat(),
                 extra=extra,
             )
         for s in abandoned:
@@ -296,7 +297,7 @@ class Starter(OnClient):
 async def release_claims(client: AsyncClient, claims: list[Claim]) -> None:
     """``sched_unclaim``: the leases expire now and the jobs are due as before the claim."""
     try:
-        await client._fetch(
+        await client.fetch(
             "sched_unclaim",
             {
                 "keys": [c.job_key for c in claims],

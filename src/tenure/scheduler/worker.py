@@ -73,8 +73,8 @@ from .vacuum import vacuum_forever
 
 log = logging.getLogger("tenure.scheduler")
 
-#: The schema version this worker needs (12: a run's history row written once, at its end).
-SCHEMA_VERSION = 12
+#: The schema version this worker needs (13: a run of skipped slots is one history row).
+SCHEMA_VERSION = 13
 
 
 class Worker:
@@ -343,7 +343,7 @@ class Worker:
             await asyncio.wait({finisher}, timeout=10.0)
         if self.handed_over:
             with contextlib.suppress(TenureError):
-                await self.client._fetch(
+                await self.client.fetch(
                     "sched_notify",
                     {"channel": self.channel, "payload": "stopped"},
                     doing="notifying peers",
