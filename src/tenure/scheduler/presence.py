@@ -28,12 +28,14 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from ..errors import TenureError
 
 if TYPE_CHECKING:
-    from .worker import Worker
+    from ..leases._async.client import AsyncClient
+    from .identity import WorkerIdentity
 
 log = logging.getLogger("tenure.scheduler")
 
@@ -42,80 +44,95 @@ log = logging.getLogger("tenure.scheduler")
 PRESENCE_TTL = 30.0
 #: Seconds between beats.
 PRESENCE_EVERY = 10.0
+#: Up to this many newly excluded keys are logged one line each, more as one summary.
+EXCLUDED_LOGGED = 20
 
 
-async def enter(worker: Worker) -> None:
-    """Write the worker's row (its app and job keys) and take its first beat. Called before
-    the worker registers its jobs: a `tenure jobs remove` that runs after the registration
-    (they are serialized) sees the row and refuses."""
-    await worker.client._fetch(
-        "sched_presence_enter",
-        {
-            "worker": worker.id,
-            "app": worker.app_name,
-            "keys": sorted(worker.app.jobs),
-            "host": worker.host,
-            "pid": worker.pid,
-            "ttl": dt.timedelta(seconds=PRESENCE_TTL),
-        },
-        doing="announcing the worker's job keys",
-        wrote=True,
-    )
-    await beat(worker)
+class Presence:
+    """One worker's row in ``scheduler_workers``: ``keys``, the job keys its code defines, for
+    app ``app``; ``exclude``, the set its claims leave out (the claimer's), which each beat
+    adds the app's other keys to."""
 
+    def __init__(
+        self, who: WorkerIdentity, app: str, keys: Iterable[str], exclude: set[str]
+    ) -> None:
+        self.who = who
+        self.app = app
+        self.keys = sorted(keys)
+        self.exclude = exclude
 
-async def beat(worker: Worker) -> None:
-    """One beat: the row's ``seen_until``, the keys the worker's claims exclude, the dead runs
-    of jobs nobody defines recorded as lost."""
-    rows = await worker.client._fetch(
-        "sched_presence_beat",
-        {"worker": worker.id, "app": worker.app_name, "ttl": dt.timedelta(seconds=PRESENCE_TTL)},
-        doing="renewing the worker's presence",
-        wrote=True,
-    )
-    if not any(kind == "me" for kind, _key in rows):
-        # The row is gone (deleted by hand, or this worker was frozen for a day): write it
-        # again, so that this worker's jobs count as defined.
-        log.warning("%s: its presence row was missing; writing it again", worker.label)
-        await enter(worker)
-        return
-    for kind, key in rows:
-        if kind == "excluded" and key not in worker._exclude:
+    async def enter(self, client: AsyncClient) -> None:
+        """Write the row (app and job keys) and take the first beat. Called before the worker
+        registers its jobs: a `tenure jobs remove` that runs after the registration (they
+        are serialized) sees the row and refuses."""
+        await client.fetch(
+            "sched_presence_enter",
+            {
+                "worker": self.who.id,
+                "app": self.app,
+                "keys": self.keys,
+                "host": self.who.host,
+                "pid": self.who.pid,
+                "ttl": dt.timedelta(seconds=PRESENCE_TTL),
+            },
+            doing="announcing the worker's job keys",
+            wrote=True,
+        )
+        await self.beat(client)
+
+    async def beat(self, client: AsyncClient) -> None:
+        """One beat: the row's ``seen_until``, the keys the claims exclude, the dead runs of
+        jobs nobody defines recorded as lost."""
+        rows = await client.fetch(
+            "sched_presence_beat",
+            {"worker": self.who.id, "app": self.app, "ttl": dt.timedelta(seconds=PRESENCE_TTL)},
+            doing="renewing the worker's presence",
+            wrote=True,
+        )
+        if not any(kind == "me" for kind, _key in rows):
+            # The row is gone (deleted by hand, or this worker was frozen for a day): write
+            # it again, so that this worker's jobs count as defined.
+            log.warning("%s: its presence row was missing; writing it again", self.who.label)
+            await self.enter(client)
+            return
+        new = [key for kind, key in rows if kind == "excluded" and key not in self.exclude]
+        self.exclude.update(new)
+        for key in new[:EXCLUDED_LOGGED]:
             log.info(
                 "job %r is scheduled for app %r but this worker does not define it: left to "
                 "the workers that do (`tenure jobs remove` deletes a job nobody defines)",
                 key,
-                worker.app_name,
+                self.app,
                 extra={"job": key},
             )
-            worker._exclude.add(key)
-        elif kind == "lost":
-            log.warning(
-                "job %r: its unfinished run is recorded as lease_lost: its worker is gone and "
-                "no live worker of app %r defines the job",
-                key,
-                worker.app_name,
-                extra={"job": key},
+        if len(new) > EXCLUDED_LOGGED:
+            log.info("%d more jobs of app %r left to the workers that define them", len(new))
+        for kind, key in rows:
+            if kind == "lost":
+                log.warning(
+                    "job %r: its unfinished run is recorded as lease_lost: its worker is gone "
+                    "and no live worker of app %r defines the job",
+                    key,
+                    self.app,
+                    extra={"job": key},
+                )
+
+    async def beat_forever(self, client: AsyncClient) -> None:
+        """Beat every :data:`PRESENCE_EVERY` seconds until cancelled; a failed beat is retried
+        at the next (the row counts for :data:`PRESENCE_TTL`)."""
+        while True:
+            await asyncio.sleep(PRESENCE_EVERY)
+            try:
+                await self.beat(client)
+            except TenureError as exc:
+                log.warning("renewing %s's presence failed (retried): %s", self.who.label, exc)
+
+    async def leave(self, client: AsyncClient) -> None:
+        """Delete the row: the worker's job keys stop counting at once."""
+        with contextlib.suppress(TenureError):
+            await client.fetch(
+                "sched_presence_leave",
+                {"worker": self.who.id},
+                doing="removing the worker's presence",
+                wrote=True,
             )
-
-
-async def beat_forever(worker: Worker) -> None:
-    """Beat every :data:`PRESENCE_EVERY` seconds until cancelled; a failed beat is retried at
-    the next (the row counts for :data:`PRESENCE_TTL`)."""
-    while True:
-        await asyncio.sleep(PRESENCE_EVERY)
-        try:
-            await beat(worker)
-        except TenureError as exc:
-            log.warning("renewing %s's presence failed (retried): %s", worker.label, exc)
-
-
-async def leave(worker: Worker) -> None:
-    """Delete the worker's row: its job keys stop counting at once."""
-    with contextlib.suppress(TenureError):
-        await worker.client._fetch(
-            "sched_presence_leave",
-            {"worker": worker.id},
-            doing="removing the worker's presence",
-            wrote=True,
-        )
