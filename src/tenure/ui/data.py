@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from ..db.queries import query
 from ..db.timeouts import CONNECTION_KWARGS
 from ..errors import DatabaseUnavailable
 from ..scheduler.schedules import schedule_from_row
@@ -437,12 +438,10 @@ class Reader:
         }
         async with self._session() as conn:
             rows = await self._all(conn, name, params)
-            keys = [row[0] for row in rows]
-            undefined = (
-                {r[0] for r in await self._all(conn, "ui_undefined", {"keys": keys})}
-                if keys
-                else set()
-            )
+            undefined: set[str] = set()
+            if rows:  # the scheduler's own statement (scheduler/presence.py): a few keys
+                cur = await conn.execute(query(self.schema, "sched_undefined"))
+                undefined = {r[0] for r in await cur.fetchall()}
         total = rows[0][14] if rows else 0
         out = tuple(
             JobRow(

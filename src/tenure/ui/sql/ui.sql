@@ -119,20 +119,6 @@ ORDER BY
     CASE WHEN %(desc)s::boolean THEN p.job_key END DESC,
     p.job_key;
 
--- name: ui_undefined
--- Of the page's jobs (%(keys)s), those that no worker defines: their app has a live worker
--- and none of its live workers defines the key (scheduler.sql sched_undefined says why).
-WITH live AS MATERIALIZED (
-    SELECT w.app, k.job_key
-    FROM {schema}.scheduler_workers AS w, unnest(w.job_keys) AS k(job_key)
-    WHERE w.seen_until >= clock_timestamp()
-)
-SELECT j.job_key
-FROM {schema}.scheduled_jobs AS j
-WHERE j.job_key = ANY (%(keys)s::text[])
-  AND j.app IN (SELECT app FROM live)
-  AND NOT EXISTS (SELECT 1 FROM live WHERE live.app = j.app AND live.job_key = j.job_key);
-
 -- name: ui_jobs_by_last
 -- One page of jobs when the filter or the sort needs every job's last run (state 'failing'
 -- or 'idle', sort 'last'): one backward index step per job on job_runs_history.
