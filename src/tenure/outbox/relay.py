@@ -119,8 +119,8 @@ class Relay:
             raise InvalidArgument("a relay needs at least one topic with a handler")
         self.id = uuid.uuid4()
         self._channel = channels.channel("outbox", client.schema)
-        conninfo = client._pool.conninfo
-        if not isinstance(conninfo, str):  # connect_async always passes a string
+        conninfo = client.conninfo
+        if conninfo is None:  # connect_async always passes a string
             raise ConfigurationError("the relay needs a client connected with a DSN string")
         self._conninfo = conninfo
         self._delivery = Delivery(client, self.id, self.settings, self._handlers, self._channel)
@@ -269,7 +269,7 @@ class Relay:
         task.add_done_callback(done)
 
     async def _claim(self, limit: int) -> list[Message]:
-        rows = await self._client._fetch(
+        rows = await self._client.fetch(
             "outbox_claim",
             {
                 "relay": self.id,
@@ -283,7 +283,7 @@ class Relay:
         return [message_from_row(row) for row in rows]
 
     async def _next_due(self) -> float | None:
-        rows = await self._client._fetch(
+        rows = await self._client.fetch(
             "outbox_next_due", {"topics": self.topics}, doing="reading the next retry time"
         )
         value = rows[0][0] if rows else None
