@@ -14,7 +14,8 @@ survive a failover that loses commits) and what the surviving primary holds afte
 * ``stale-write``: a job's evidence rows, in commit order, with a token that goes down, or
   ``tenure result put`` accepted for a token below the stored one;
 * ``slot-twice``: two committed evidence rows for one (job, slot), or two acknowledged
-  runs of it;
+  runs of it, except where the earlier run's COMMIT was sent and never answered (the run
+  failed as far as it knows, so the slot is retried: at least once, counted apart);
 * ``late-start``: a scheduled run that started after its lease's local deadline;
 * ``outbox-lost`` / ``outbox-phantom``: a committed run's message never delivered, or a
   delivered message whose run is not committed (its transaction rolled back or lost);
@@ -94,6 +95,8 @@ class Recovery:
 class Report:
     violations: list[str] = field(default_factory=list)
     lost_acks: list[str] = field(default_factory=list)
+    #: Slots run again after a commit whose outcome the run never learnt (at least once).
+    retried: list[str] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
 
 
@@ -330,8 +333,22 @@ class Workload:
             last[job] = max(token, last.get(job, 0))
             slots[(job, slot.isoformat())] += 1
             committed.add(f"{job}@{slot.isoformat()}@{token}")
+        # A run whose COMMIT went out and never came back (the connection died) may have
+        # committed; its body failed as far as the worker knows, so the slot is retried
+        # (docs/safety.md). Such a slot may commit twice: at least once, not a violation.
+        phases: dict[tuple[str, str, int], set[str]] = defaultdict(set)
+        for r in lines:
+            phases[(r["job"], r["slot"], r["token"])].add(r["ph"])
+        tokens_of: dict[tuple[str, str], list[int]] = defaultdict(list)
+        for job, slot, token, _pid in rows:
+            tokens_of[(job, slot.isoformat())].append(token)
         for (job, slot), n in slots.items():
-            if n > 1:
+            if n < 2:
+                continue
+            earlier = sorted(tokens_of[(job, slot)])[:-1]
+            if all(phases[(job, slot, t)] >= {"commit", "failed"} for t in earlier):
+                report.retried.append(f"{job} slot {slot}: tokens {sorted(tokens_of[(job, slot)])}")
+            else:
                 v.append(f"slot-twice: {job} slot {slot} has {n} committed runs")
         acked: dict[tuple[str, str], int] = defaultdict(int)
         for r in oks:
@@ -375,5 +392,6 @@ class Workload:
             "deliveries": len(self.relay_lines()),
             "probe acquires": sum(1 for p in self.probes if "token" in p),
             "exec runs": len(exec_tokens),
+            "slots retried after an unknown commit": len(report.retried),
         }
         return report
