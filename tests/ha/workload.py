@@ -80,6 +80,7 @@ def read_lines(paths: list[Path]) -> list[dict[str, Any]]:
 class Recovery:
     """Seconds from a fault to the first success of each kind after it."""
 
+    writable: float | None  # a fresh connection through the endpoint writes on the timeline
     acquire: float | None
     claim: float | None
     delivery: float | None
@@ -88,7 +89,10 @@ class Recovery:
         def f(v: float | None) -> str:
             return "never" if v is None else f"{v:.1f}s"
 
-        return f"acquire {f(self.acquire)}, claim {f(self.claim)}, delivery {f(self.delivery)}"
+        return (
+            f"writable {f(self.writable)}, acquire {f(self.acquire)}, claim {f(self.claim)}, "
+            f"delivery {f(self.delivery)}"
+        )
 
 
 @dataclass
@@ -117,6 +121,7 @@ class Workload:
         self.threads: list[threading.Thread] = []
         self.probes: list[dict[str, Any]] = []
         self.execs: list[dict[str, Any]] = []
+        self.writes: list[dict[str, Any]] = []
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -132,7 +137,7 @@ class Workload:
             "relay",
             [sys.executable, "-m", "tenure", "relay", "--handlers", "tests.ha.apps:handlers"],
         )
-        for target in (self._exec_loop, self._probe_loop):
+        for target in (self._exec_loop, self._probe_loop, self._write_loop):
             t = threading.Thread(target=target, daemon=True)
             t.start()
             self.threads.append(t)
@@ -200,6 +205,22 @@ class Workload:
                     self.probes.append({"t0": t0, "t": time.time(), "error": type(exc).__name__})
                 self.stop_event.wait(0.1)
 
+    def _write_loop(self) -> None:
+        """A fresh connection every 0.1 s that writes (a temp table) and reads the timeline:
+        when the endpoint leads to a writable primary again, apart from tenure's clients."""
+        while not self.stop_event.is_set():
+            t0 = time.time()
+            with contextlib.suppress(psycopg.Error):
+                with psycopg.connect(self.dsn, autocommit=True, connect_timeout=1) as conn:
+                    conn.execute(b"CREATE TEMP TABLE w ()")
+                    row = conn.execute(
+                        b"SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))"
+                        b"::bit(32)::int"
+                    ).fetchone()
+                if row is not None:
+                    self.writes.append({"t0": t0, "t": time.time(), "timeline": row[0]})
+            self.stop_event.wait(0.1)
+
     def running(self) -> list[str]:
         """Processes that died on their own (a workload that crashed tests nothing)."""
         return [f"{p.args} exited {p.returncode}" for p in self.procs if p.poll() is not None]
@@ -266,6 +287,9 @@ class Workload:
         def first(times: list[float]) -> float | None:
             return min(times) - fault_t if times else None
 
+        writable = first(
+            [w["t"] for w in self.writes if w["t0"] >= since and w["timeline"] == timeline]
+        )
         acquire = first(
             [
                 p["t"]
@@ -281,7 +305,7 @@ class Workload:
         claim = first([r["t"] for r in runs])
         new_keys = {f"{r['job']}@{r['slot']}@{r['token']}" for r in runs}
         delivery = first([d["t"] for d in self.relay_lines() if d["key"] in new_keys])
-        return Recovery(acquire=acquire, claim=claim, delivery=delivery)
+        return Recovery(writable=writable, acquire=acquire, claim=claim, delivery=delivery)
 
     def check(self) -> Report:
         report = Report()
