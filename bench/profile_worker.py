@@ -12,7 +12,7 @@ It prints, for the measurement window (after a warm-up):
 * CPU per run of each worker process and of the PostgreSQL backends serving them (``/proc``,
   so the database must run on this machine for the backend column);
 * statements per run, by name and in total: every worker counts the calls of the client's
-  single query path (``AsyncClient._fetch``, wrapped here, nothing in ``src/`` changes), the
+  single query path (``AsyncClient.fetch``, wrapped here, nothing in ``src/`` changes), the
   claim batch sizes and the wall time of each call; the total is cross-checked with the
   committed transactions of the bench's own database (``pg_stat_database``: every tenure
   statement is one autocommit transaction);
@@ -100,7 +100,7 @@ def _child() -> None:
     SIGUSR1 appends a snapshot of the counters to $PROFILE_COUNTS (one JSON line)."""
     from tenure.leases._async.client import AsyncClient
 
-    original = AsyncClient._fetch
+    original = AsyncClient.fetch
     calls: dict[str, list[float]] = {}  # name -> [calls, rows, seconds]
     batches: collections.Counter[int] = collections.Counter()
 
@@ -115,7 +115,7 @@ def _child() -> None:
             batches[len(rows) - 1] += 1  # the last row is the "look again at" summary
         return rows
 
-    AsyncClient._fetch = counted  # type: ignore[method-assign]
+    AsyncClient.fetch = counted  # type: ignore[method-assign]
     path = os.environ["PROFILE_COUNTS"]
 
     def snapshot(signum: int, frame: Any) -> None:

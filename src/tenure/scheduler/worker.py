@@ -91,8 +91,8 @@ CONTENTION_BACKOFF = 0.02
 FINISH_BATCH = 1000
 #: Seconds: under load, the finisher sends at most one statement this often.
 FINISH_EVERY = 0.05
-#: The schema version this worker needs (12: a run's history row written once, at its end).
-SCHEMA_VERSION = 12
+#: The schema version this worker needs (13: a run of skipped slots is one history row).
+SCHEMA_VERSION = 13
 #: Fire-ahead, seconds: a job whose slot comes within this is claimed and planned before its
 #: slot, and its start is recorded at the slot (jobs with a TTL of at least ten times this;
 #: docs/safety.md, "Claiming ahead of the slot").
@@ -300,7 +300,7 @@ class Worker:
             if free > 0:
                 sent = monotonic()  # the lease's local deadline counts from here
                 try:
-                    rows = await self.client._fetch(
+                    rows = await self.client.fetch(
                         "sched_claim",
                         {
                             "limit": free,
@@ -499,7 +499,7 @@ class Worker:
     async def _send_start(self, batch: list[_Planned]) -> list[tuple[Any, ...]] | None:
         """``sched_start`` for a batch; its rows, or None if it was not recorded (logged)."""
         try:
-            rows = await self.client._fetch(
+            rows = await self.client.fetch(
                 "sched_start",
                 start_params(
                     [(p.claim, p.decided) for p in batch],
@@ -536,10 +536,11 @@ class Worker:
             # holder's lease kept the job (it overran, froze or died) counts from the lease's
             # end, and one skipped then does not count.
             skipped += sum(
-                s.outcome == "misfire_skipped"
+                s.count  # a run of missed slots counts as its first slot does
+                for s in decided.skipped
+                if s.outcome == "misfire_skipped"
                 and counts(s.slot)
                 and not claim.held_elsewhere(s.slot)
-                for s in decided.skipped
             )
             slot, at = decided.run_slot, started[claim.job_key]
             if decided.run_kind == "scheduled" and slot is not None and at and counts(slot):
@@ -588,11 +589,11 @@ class Worker:
                 level,
                 "job %r: %d missed slot(s) skipped (misfire=%r%s), %s .. %s",
                 claim.job_key,
-                len(missed),
+                sum(s.count for s in missed),
                 claim.misfire,
                 ", worker saturated" if quiet else "",
                 missed[0].slot.isoformat(),
-                missed[-1].slot.isoformat(),
+                (missed[-1].last or missed[-1].slot).isoformat(),
                 extra=extra,
             )
         for s in abandoned:
@@ -624,7 +625,7 @@ class Worker:
     async def _release_claims(self, claims: list[Claim]) -> None:
         """``sched_unclaim``: the leases expire now and the jobs are due as before the claim."""
         try:
-            await self.client._fetch(
+            await self.client.fetch(
                 "sched_unclaim",
                 {
                     "keys": [c.job_key for c in claims],
@@ -755,7 +756,7 @@ class Worker:
         ordered = sorted(batch, key=lambda f: (f.job_key, f.token))  # one lock order
         for attempt in range(3):
             try:
-                rows = await self.client._fetch(
+                rows = await self.client.fetch(
                     "sched_finish",
                     finish_params(
                         ordered, channel=self.channel, worker=self.id, host=self.host, pid=self.pid
@@ -819,7 +820,7 @@ class Worker:
             if not runs:
                 continue
             try:
-                await self.client._fetch(
+                await self.client.fetch(
                     "sched_running",
                     running_params(
                         [
@@ -852,7 +853,7 @@ class Worker:
     ) -> None:
         key, token = run.claim.job_key, run.claim.token
         # A lease marked lost has already been counted out of tenure_leases_held.
-        counted_out = run.lease._lost_reason is not None  # without evaluating the deadline
+        counted_out = run.lease.marked_lost  # without evaluating the deadline
         run.lease.mark_released()
         self.runs += 1
         if not done:
@@ -914,7 +915,7 @@ class Worker:
             await asyncio.wait({self._finisher}, timeout=10.0)
         if self.handed_over:
             with contextlib.suppress(TenureError):
-                await self.client._fetch(
+                await self.client.fetch(
                     "sched_notify",
                     {"channel": self.channel, "payload": "stopped"},
                     doing="notifying peers",
