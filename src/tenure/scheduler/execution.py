@@ -91,6 +91,13 @@ async def execute(run: Run) -> tuple[str, str | None, float]:
     if log.isEnabledFor(logging.DEBUG):  # formatting the slot costs a run more than its no-op
         extra = run_fields(key, token, run.ident.slot)
         log.debug("job %r slot %s starts with token %s", key, extra["slot"], token, extra=extra)
+    if lease.lost:
+        # The claim (or its start) was answered after the lease's local deadline, which
+        # counts from when the claim was sent: a request that stalled, e.g. on a primary
+        # being failed over. The body must not start on a lost lease: its fenced writes
+        # could still commit while the slot is retried as lost (two runs of one slot).
+        await lease.stop_keeping()
+        return "lease_lost", f"answered after the lease's local deadline: {lease.lost_reason}", 0.0
     try:
         if run.spec.isolation == "process":
             # The body runs in a child process; cancelling this future stops the child.
