@@ -169,7 +169,9 @@ def _keep(lease: AsyncLease, body: asyncio.Future[Any], cancel_body: bool) -> No
 
 def _log_failure(run: Run, error: str, exc: BaseException) -> None:
     extra = run_fields(run.claim.job_key, run.claim.token, run.slot)
-    log.warning(
+    # ERROR, with the traceback: the level at which error trackers (Sentry's logging
+    # integration, for one) make an event of a line. A failed body is the team's to look at.
+    log.error(
         "job %r slot %s failed: %s",
         run.claim.job_key,
         run.slot.isoformat(),
