@@ -225,8 +225,8 @@ class Relay:
             raise InvalidArgument("a relay needs at least one topic with a handler")
         self.id = uuid.uuid4()
         self._channel = channels.channel("outbox", client.schema)
-        conninfo = client._pool.conninfo
-        if not isinstance(conninfo, str):  # connect_async always passes a string
+        conninfo = client.conninfo
+        if conninfo is None:  # connect_async always passes a string
             raise ConfigurationError("the relay needs a client connected with a DSN string")
         self._conninfo = conninfo
         self._wake = asyncio.Event()
@@ -329,7 +329,7 @@ class Relay:
     # -- internals ---------------------------------------------------------------------------
 
     async def _beat(self) -> None:
-        await self._client._fetch(
+        await self._client.fetch(
             "outbox_relay_beat",
             {
                 "relay": self.id,
@@ -344,7 +344,7 @@ class Relay:
 
     async def _leave(self) -> None:
         with contextlib.suppress(DatabaseError):
-            await self._client._fetch(
+            await self._client.fetch(
                 "outbox_relay_leave",
                 {"relay": self.id},
                 doing="unregistering the relay",
@@ -426,7 +426,7 @@ class Relay:
         task.add_done_callback(done)
 
     async def _claim(self, limit: int) -> list[Message]:
-        rows = await self._client._fetch(
+        rows = await self._client.fetch(
             "outbox_claim",
             {
                 "relay": self.id,
@@ -440,7 +440,7 @@ class Relay:
         return [message_from_row(row) for row in rows]
 
     async def _next_due(self) -> float | None:
-        rows = await self._client._fetch(
+        rows = await self._client.fetch(
             "outbox_next_due", {"topics": self.topics}, doing="reading the next retry time"
         )
         value = rows[0][0] if rows else None
@@ -520,7 +520,7 @@ class Relay:
         while not thread.done():
             sent = time.monotonic()
             try:
-                rows = await self._client._fetch(
+                rows = await self._client.fetch(
                     "outbox_extend",
                     {
                         "id": msg.id,
@@ -554,7 +554,7 @@ class Relay:
         # out (harmless with the inbox, but avoidable).
         for pause in (0.2, 1.0, None):
             try:
-                rows = await self._client._fetch(
+                rows = await self._client.fetch(
                     name, params, doing=f"recording outbox message {msg.id}", wrote=True
                 )
                 return rows
@@ -667,7 +667,7 @@ class Relay:
 
     async def _release(self, msg: Message) -> None:
         with contextlib.suppress(DatabaseError):
-            await self._client._fetch(
+            await self._client.fetch(
                 "outbox_release",
                 {"id": msg.id, "relay": self.id, "attempt": msg.attempts},
                 doing=f"releasing the claim on outbox message {msg.id}",
