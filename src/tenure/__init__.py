@@ -7,7 +7,6 @@ older than the last it accepted. See docs/safety.md.
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Any
 
 from . import metrics
@@ -77,8 +76,10 @@ def __getattr__(name: str) -> Any:
 
 __version__ = "0.1.0"
 
-# A library logs, the application decides where to: no output unless logging is configured.
-logging.getLogger("tenure").addHandler(logging.NullHandler())
+# No NullHandler on "tenure": with one, a program that configures no logging (or only its
+# server's own loggers, as uvicorn and gunicorn do) would never see a lost lease or a refused
+# write. Without it, warnings and errors reach stderr through logging's last resort until the
+# application configures logging, which then decides alone.
 
 __all__ = [
     "AsyncClient",
