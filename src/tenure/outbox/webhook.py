@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 import httpx
 from httpx._utils import get_environment_proxies
 
+from .. import tracing
 from ..errors import ConfigurationError, InvalidArgument, TenureError
 from ..validation import Duration, parse_duration
 from .message import Message, encode_part
@@ -223,6 +224,9 @@ class Webhook:
             "X-Tenure-Attempt": str(message.attempts),
             **self._extra,
         }
+        # W3C trace context: the relay's delivery span (a child of the enqueuing span), or the
+        # stored context as is where the relay records no spans.
+        tracing.inject(headers, fallback=message.traceparent)
         try:
             if self.timeout is None:
                 status, reason, snippet = await self._post(headers, body)
