@@ -73,6 +73,7 @@ from .claim import (
 from .context import JobContext
 from .execution import Run, execute
 from .registration import register
+from .rows import ClaimRow, FinishedRow
 from .saturation import Saturation
 from .schedules import Plan, Schedule, plan, schedule_from_row
 from .vacuum import vacuum_forever
@@ -310,6 +311,7 @@ class Worker:
                         },
                         doing="claiming due jobs",
                         wrote=True,
+                        row=ClaimRow,
                     )
                 except TenureError as exc:
                     failures += 1
@@ -320,7 +322,7 @@ class Worker:
                 failures = 0
                 received = monotonic()
                 claims, summary = claims_from_rows(rows)
-                now, ready_at = summary[19], summary[20]
+                now, ready_at = summary.now, summary.ready_at
                 self.saturation.started(now)
                 if claims:
                     # Started in the background by the starter, each at its slot: the next
@@ -763,6 +765,7 @@ class Worker:
                     ),
                     doing=f"finishing {len(ordered)} runs",
                     wrote=True,
+                    row=FinishedRow,
                 )
                 break
             except DatabaseUnavailable as exc:
@@ -789,9 +792,10 @@ class Worker:
                 return {}
         recorded: dict[tuple[str, int], str] = {}
         by_key = {(f.job_key, f.token): f for f in ordered}
-        for key, token, matched, recorded_outcome, current, _notified in rows:
+        for row in rows:
+            key, token, matched, current = row.job_key, row.token, row.matched, row.current
             f = by_key[(key, token)]
-            outcome = recorded_outcome or f.outcome
+            outcome = row.outcome or f.outcome
             recorded[(key, token)] = outcome
             if not matched and f.outcome in ("succeeded", "failed"):
                 log.warning(
