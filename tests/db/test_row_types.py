@@ -22,9 +22,11 @@ from tenure.db.queries import queries
 from tenure.db.rows import ROW_TYPES, row_of
 
 SRC = Path(tenure.__file__).resolve().parent
-#: Every package's row types, loaded so that they register.
+#: Every module that registers row types, loaded so that they register.
 ROW_MODULES = sorted(
-    ".".join(("tenure", *p.relative_to(SRC).with_suffix("").parts)) for p in SRC.rglob("rows.py")
+    ".".join(("tenure", *p.relative_to(SRC).with_suffix("").parts))
+    for p in SRC.rglob("*.py")
+    if "@row_of(" in p.read_text(encoding="utf-8")
 )
 _PLACEHOLDER = re.compile(rb"%\((\w+)\)s|%%")
 
@@ -60,14 +62,18 @@ def all_statements(schema: str) -> dict[str, bytes]:
 def test_every_row_type_has_its_statements_columns(client: tenure.Client, dsn: str) -> None:
     for module in ROW_MODULES:
         importlib.import_module(module)
-    assert len(ROW_TYPES) >= 9  # the rows modules were found and registered
+    assert len(ROW_TYPES) >= 12  # the rows modules were found and registered
     statements = all_statements(client.schema)
     wrong = []
     with psycopg.connect(dsn) as conn:
         for name, row in sorted(ROW_TYPES.items()):
             assert name in statements, f"{row.__name__} names an unknown statement {name!r}"
             found = columns(conn, name, statements[name])
-            fields = list(getattr(row, "_fields", ()))
+            fields = (
+                [f.name for f in dataclasses.fields(row)]
+                if dataclasses.is_dataclass(row)
+                else list(getattr(row, "_fields", ()))
+            )
             if found != fields:
                 wrong.append(f"{name}: {row.__name__} has {fields}, the statement returns {found}")
     assert wrong == []

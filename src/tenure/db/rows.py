@@ -6,6 +6,8 @@ named and ordered as the statement returns them (``SELECT ... AS name``); each l
 package's ``rows.py`` and names its statements with :func:`row_of`. The executor builds them
 (``client.fetch("sched_claim", params, doing=..., row=ClaimRow)``), at the cost of a tuple's
 construction per row (no lookup by name: they are tuples in the statement's column order).
+A frozen dataclass built from a row by position (``Message(*row)``) registers the same way,
+so that its fields are checked too.
 
 ``tests/db/test_row_types.py`` asks PostgreSQL for each registered statement's result columns
 (a prepared statement's description: nothing is executed) and compares them with the row
@@ -17,12 +19,12 @@ registered for ``X``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 #: Every registered statement and its row type (filled as the ``rows`` modules load).
-ROW_TYPES: dict[str, type[tuple[Any, ...]]] = {}
+ROW_TYPES: dict[str, type] = {}
 
-T = TypeVar("T", bound=type[tuple[Any, ...]])
+T = TypeVar("T", bound=type)
 
 
 def row_of(*statements: str) -> Callable[[T], T]:
