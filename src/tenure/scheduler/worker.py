@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import metrics
 from .._acompat import monotonic
+from ..db.channels import channel
 from ..db.retention import age_text
 from ..errors import DatabaseUnavailable, InvalidArgument, SchemaNotReady, TenureError
 from ..leases._async.client import AsyncClient, connect_async, default_margin
@@ -71,10 +72,9 @@ from .claim import (
 )
 from .context import JobContext
 from .execution import Run, execute
-from .jobs import channel_name, schedule_from_row
 from .registration import register
 from .saturation import Saturation
-from .schedules import Plan, Schedule, plan
+from .schedules import Plan, Schedule, plan, schedule_from_row
 from .vacuum import vacuum_forever
 
 if TYPE_CHECKING:
@@ -91,8 +91,8 @@ CONTENTION_BACKOFF = 0.02
 FINISH_BATCH = 1000
 #: Seconds: under load, the finisher sends at most one statement this often.
 FINISH_EVERY = 0.05
-#: The schema version this worker needs (12: a run's history row written once, at its end).
-SCHEMA_VERSION = 12
+#: The schema version this worker needs (13: a run of skipped slots is one history row).
+SCHEMA_VERSION = 13
 #: Fire-ahead, seconds: a job whose slot comes within this is claimed and planned before its
 #: slot, and its start is recorded at the slot (jobs with a TTL of at least ten times this;
 #: docs/safety.md, "Claiming ahead of the slot").
@@ -134,7 +134,7 @@ class Worker:
         self.id = uuid.uuid4().hex[:12]
         self.host = socket.gethostname()
         self.pid = os.getpid()
-        self.channel = channel_name(app.schema)
+        self.channel = channel("jobs", app.schema)
         self._client: AsyncClient | None = None
         # Keyed by (job, token): a run that lost its lease may still be finishing when this
         # same worker claims the job's retry.
@@ -536,10 +536,11 @@ class Worker:
             # holder's lease kept the job (it overran, froze or died) counts from the lease's
             # end, and one skipped then does not count.
             skipped += sum(
-                s.outcome == "misfire_skipped"
+                s.count  # a run of missed slots counts as its first slot does
+                for s in decided.skipped
+                if s.outcome == "misfire_skipped"
                 and counts(s.slot)
                 and not claim.held_elsewhere(s.slot)
-                for s in decided.skipped
             )
             slot, at = decided.run_slot, started[claim.job_key]
             if decided.run_kind == "scheduled" and slot is not None and at and counts(slot):
@@ -588,11 +589,11 @@ class Worker:
                 level,
                 "job %r: %d missed slot(s) skipped (misfire=%r%s), %s .. %s",
                 claim.job_key,
-                len(missed),
+                sum(s.count for s in missed),
                 claim.misfire,
                 ", worker saturated" if quiet else "",
                 missed[0].slot.isoformat(),
-                missed[-1].slot.isoformat(),
+                (missed[-1].last or missed[-1].slot).isoformat(),
                 extra=extra,
             )
         for s in abandoned:
