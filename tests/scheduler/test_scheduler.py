@@ -478,7 +478,7 @@ def test_history_retention_prunes_old_finished_rows(client: tenure.Client, dsn: 
     ]
     for row in rows:
         query(dsn, client.schema, insert, row)
-    [(deleted,)] = client._fetch(
+    [(deleted,)] = client.fetch(
         "sched_prune", {"retention": dt.timedelta(days=7), "batch": 100}, doing="pruning"
     )
     assert deleted == 1
