@@ -114,7 +114,7 @@ class Delivery:
     async def release(self, msg: Message) -> None:
         """Give the claim on ``msg`` back, uncounted (best effort)."""
         with contextlib.suppress(DatabaseError):
-            await self._client._fetch(
+            await self._client.fetch(
                 "outbox_release",
                 {"id": msg.id, "relay": self._relay, "attempt": msg.attempts},
                 doing=f"releasing the claim on outbox message {msg.id}",
@@ -142,7 +142,7 @@ class Delivery:
         while not thread.done():
             sent = time.monotonic()
             try:
-                rows = await self._client._fetch(
+                rows = await self._client.fetch(
                     "outbox_extend",
                     {
                         "id": msg.id,
@@ -176,7 +176,7 @@ class Delivery:
         # out (harmless with the inbox, but avoidable).
         for pause in (0.2, 1.0, None):
             try:
-                rows = await self._client._fetch(
+                rows = await self._client.fetch(
                     name, params, doing=f"recording outbox message {msg.id}", wrote=True
                 )
                 return rows
