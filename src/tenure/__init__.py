@@ -36,7 +36,7 @@ from .validation import parse_duration
 
 if TYPE_CHECKING:
     from . import outbox
-    from .contrib.once import OnceContext, once
+    from .guard import OnceContext, once
     from .leases._async.client import AsyncClient, connect_async
     from .leases._async.fencing import fence_async
     from .leases._async.lease import AsyncLease, AsyncLeaseContext
@@ -54,8 +54,8 @@ _LAZY = {
     "AsyncLeaseContext": ".leases._async.lease",
     "AsyncResults": ".leases._async.results",
     "JobContext": ".scheduler",
-    "OnceContext": ".contrib.once",
-    "once": ".contrib.once",
+    "OnceContext": ".guard",
+    "once": ".guard",
     "Scheduler": ".scheduler",
     "inbox": ".outbox.inbox",
     "outbox": ".outbox",
