@@ -32,6 +32,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from ..errors import TenureError
+from .rows import PresenceRow
 
 if TYPE_CHECKING:
     from ..leases._async.client import AsyncClient
@@ -88,14 +89,19 @@ class Presence:
             {"worker": self.who.id, "app": self.app, "ttl": dt.timedelta(seconds=PRESENCE_TTL)},
             doing="renewing the worker's presence",
             wrote=True,
+            row=PresenceRow,
         )
-        if not any(kind == "me" for kind, _key in rows):
+        if not any(r.kind == "me" for r in rows):
             # The row is gone (deleted by hand, or this worker was frozen for a day): write
             # it again, so that this worker's jobs count as defined.
             log.warning("%s: its presence row was missing; writing it again", self.who.label)
             await self.enter(client)
             return
-        new = [key for kind, key in rows if kind == "excluded" and key not in self.exclude]
+        new = [
+            r.job_key
+            for r in rows
+            if r.kind == "excluded" and r.job_key is not None and r.job_key not in self.exclude
+        ]
         self.exclude.update(new)
         for key in new[:EXCLUDED_LOGGED]:
             log.info(
@@ -106,15 +112,19 @@ class Presence:
                 extra={"job": key},
             )
         if len(new) > EXCLUDED_LOGGED:
-            log.info("%d more jobs of app %r left to the workers that define them", len(new))
-        for kind, key in rows:
-            if kind == "lost":
+            log.info(
+                "%d more jobs of app %r left to the workers that define them",
+                len(new) - EXCLUDED_LOGGED,
+                self.app,
+            )
+        for r in rows:
+            if r.kind == "lost":
                 log.warning(
                     "job %r: its unfinished run is recorded as lease_lost: its worker is gone "
                     "and no live worker of app %r defines the job",
-                    key,
+                    r.job_key,
                     self.app,
-                    extra={"job": key},
+                    extra={"job": r.job_key},
                 )
 
     async def beat_forever(self, client: AsyncClient) -> None:
