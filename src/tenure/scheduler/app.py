@@ -53,9 +53,10 @@ from ..validation import (
     check_ttl,
     parse_duration,
 )
+from .definitions import check_task
 from .isolation import importable
 from .schedules import MISFIRE_POLICIES, ON_CRASH_POLICIES, QUARANTINE_AFTER, Policy, Schedule
-from .spec import JobFunction, JobSpec
+from .spec import JobFunction, JobSpec, TaskSpec
 from .vacuum import DEFAULT_EVERY as DEFAULT_VACUUM_EVERY
 from .worker import Worker, register
 
@@ -117,11 +118,12 @@ class Scheduler:
         # Where the Scheduler was created: its default name is found there.
         self._module = sys._getframe(1).f_globals.get("__name__", "?")
         self._jobs: dict[str, JobSpec] = {}
+        self._tasks: dict[str, TaskSpec] = {}
         self._worker: Worker | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def __repr__(self) -> str:
-        return f"<Scheduler schema={self.schema!r} jobs={len(self._jobs)}>"
+        return f"<Scheduler schema={self.schema!r} jobs={len(self._jobs)} tasks={len(self._tasks)}>"
 
     @property
     def name(self) -> str:
@@ -135,6 +137,49 @@ class Scheduler:
     @property
     def jobs(self) -> Mapping[str, JobSpec]:
         return MappingProxyType(self._jobs)
+
+    @property
+    def tasks(self) -> Mapping[str, TaskSpec]:
+        return MappingProxyType(self._tasks)
+
+    def task(self, name: str, *, isolation: str = "none") -> Callable[[F], F]:
+        """Decorator: register ``fn(ctx)`` as task ``name``, which runtime schedules name
+        (``tenure.add_schedule(..., task=name)``, ``tenure schedules add KEY --task NAME``).
+        Each run gets the schedule's JSON arguments as ``ctx.args`` (a dict) and its key as
+        ``ctx.job_key``; it is claimed, fenced and recorded like a coded job. ``isolation``:
+        as in :meth:`job`."""
+
+        def register(fn: F) -> F:
+            self.add_task(name, fn, isolation=isolation)
+            return fn
+
+        return register
+
+    def add_task(self, name: str, fn: JobFunction, *, isolation: str = "none") -> TaskSpec:
+        """Register ``fn`` as task ``name`` (the non-decorator form of :meth:`task`)."""
+        check_task(name)
+        if name in self._tasks:
+            raise InvalidArgument(
+                f"task {name!r} is defined twice (by {self._tasks[name].qualname} and "
+                f"{getattr(fn, '__qualname__', fn)!r}); task names must be unique in an app"
+            )
+        if not callable(fn):
+            raise InvalidArgument(f"task {name!r}: {fn!r} is not callable; decorate a function")
+        _check_signature(name, fn)
+        if isolation not in ISOLATIONS:
+            raise InvalidArgument(
+                f"task {name!r}: isolation must be one of {', '.join(ISOLATIONS)}, got "
+                f"{isolation!r}"
+            )
+        why = importable(fn) if isolation == "process" else None
+        if why is not None:
+            raise InvalidArgument(
+                f"task {name!r}: isolation='process' imports the function in a child process, "
+                f"but {why}"
+            )
+        spec = TaskSpec(name, fn, isolation)
+        self._tasks[name] = spec
+        return spec
 
     def job(
         self,

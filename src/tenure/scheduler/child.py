@@ -71,6 +71,8 @@ class ProcessJobContext:
         self.kind: str = request["kind"]
         self.attempt: int = request["attempt"]
         self.worker_id: str = request["worker_id"]
+        self.args: dict[str, Any] = request.get("args") or {}
+        self.task: str | None = request.get("task")
         self.results = ProcessResults(self)
         self._dsn: str | None = request["dsn"]
         self._schema: str = request["schema"]

@@ -63,6 +63,8 @@ class JobContext:
     """What a job function receives: which slot it runs, its token and lease, and fenced
     writes bound to that token.
 
+    * ``args``: a runtime schedule's JSON arguments (a dict; ``{}`` for a coded job) and
+      ``task``: its task's name (None for a coded job).
     * ``job_key``, ``token`` (the fencing token of this run), ``slot`` (the scheduled time, in
       the job's time zone; the trigger time for a manual run), ``kind`` ("scheduled",
       "retry" or "manual"), ``attempt``, ``lease`` (renewed in the background), ``worker_id``.
@@ -84,8 +86,13 @@ class JobContext:
         lease: AsyncLease,
         client: AsyncClient,
         worker_id: str,
+        args: dict[str, Any] | None = None,
+        task: str | None = None,
     ) -> None:
         self.job_key = job_key
+        #: A runtime schedule's JSON arguments ({} for a coded job) and its task's name.
+        self.args: dict[str, Any] = {} if args is None else args
+        self.task = task
         self.token = token
         self.slot = slot
         self.kind = kind

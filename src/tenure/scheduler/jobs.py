@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..db import channels
 from ..errors import TenureError, UnknownJob
 from ..validation import check_int, check_job_key
-from .schedules import Schedule, phase_of
+from .schedules import Schedule, schedule_of
 
 if TYPE_CHECKING:
     from ..leases._sync.client import Client
@@ -31,13 +31,15 @@ def channel_name(schema: str) -> str:
 
 
 def schedule_from_row(
-    job_key: str, cron: str | None, every: dt.timedelta | None, timezone: str
+    job_key: str,
+    cron: str | None,
+    every: dt.timedelta | None,
+    timezone: str,
+    **bounds: Any,
 ) -> Schedule:
-    """The schedule stored in the database (already validated when it was registered)."""
-    if every is not None:
-        interval = every // _US
-        return Schedule(job_key, every_us=interval, phase_us=phase_of(job_key, interval))
-    return Schedule(job_key, cron=cron, timezone=timezone)
+    """The schedule stored in the database (already validated when it was registered);
+    ``bounds``: a runtime schedule's ``run_at``, ``starts_at``, ``ends_at``, ``jitter``."""
+    return schedule_of(job_key, cron, every, timezone, **bounds)
 
 
 @dataclass(frozen=True, slots=True)

@@ -71,8 +71,8 @@ from .claim import (
 )
 from .context import JobContext
 from .execution import Run, execute
-from .jobs import channel_name, schedule_from_row
-from .registration import register
+from .jobs import channel_name
+from .registration import register, register_tasks
 from .saturation import Saturation
 from .schedules import Plan, Schedule, plan
 from .vacuum import vacuum_forever
@@ -91,8 +91,8 @@ CONTENTION_BACKOFF = 0.02
 FINISH_BATCH = 1000
 #: Seconds: under load, the finisher sends at most one statement this often.
 FINISH_EVERY = 0.05
-#: The schema version this worker needs (12: a run's history row written once, at its end).
-SCHEMA_VERSION = 12
+#: The schema version this worker needs (14: runtime schedules, read by the claim).
+SCHEMA_VERSION = 14
 #: Fire-ahead, seconds: a job whose slot comes within this is claimed and planned before its
 #: slot, and its start is recorded at the slot (jobs with a TTL of at least ten times this;
 #: docs/safety.md, "Claiming ahead of the slot").
@@ -160,7 +160,7 @@ class Worker:
         self._signals = 0
         self._exclude: set[str] = set()
         self._warned: set[tuple[str, int]] = set()
-        self._schedules: dict[tuple[str, str | None, dt.timedelta | None, str], Schedule] = {}
+        self._schedules: dict[tuple[Any, ...], Schedule] = {}
         self.runs = 0
         self.handed_over = 0
         self.saturation = Saturation(self.id, self.app_name)
@@ -214,8 +214,11 @@ class Worker:
 
     async def run(self) -> None:
         app = self.app
-        if not app.jobs:
-            raise InvalidArgument("the app defines no jobs: decorate functions with @app.job(...)")
+        if not app.jobs and not app.tasks:
+            raise InvalidArgument(
+                "the app defines no jobs and no tasks: decorate functions with @app.job(...) "
+                "or @app.task(...)"
+            )
         specs = list(app.jobs.values())
         self._client = await connect_async(
             app.dsn,
@@ -236,6 +239,9 @@ class Worker:
                 )
             await register(
                 self.client, specs, defined_by=self.label, app=self.app_name, adopt=self.adopt
+            )
+            await register_tasks(
+                self.client, list(app.tasks), app=self.app_name, registered_by=self.label
             )
             listener = listen(
                 self.app.dsn,
@@ -355,12 +361,23 @@ class Worker:
     # -- claim → plan → start -----------------------------------------------------------
 
     def _schedule(self, claim: Claim) -> Schedule:
-        key = (claim.job_key, claim.cron, claim.every, claim.timezone)
+        key = (claim.job_key, claim.cron, claim.every, claim.timezone, *claim.bounds)
         schedule = self._schedules.get(key)
         if schedule is None:
-            schedule = schedule_from_row(claim.job_key, claim.cron, claim.every, claim.timezone)
+            schedule = claim.schedule()
             self._schedules[key] = schedule
         return schedule
+
+    def _spec(self, claim: Claim) -> JobSpec | None:
+        """The coded job, or the task of a runtime schedule, that runs ``claim``."""
+        if claim.task is None:
+            return self.app.jobs.get(claim.job_key)
+        task = self.app.tasks.get(claim.task)
+        if task is None:
+            return None
+        return task.for_schedule(
+            claim.job_key, self._schedule(claim), claim.ttl.total_seconds(), claim.policy()
+        )
 
     def _plan_claimed(self, claims: list[Claim], sent: float, received: float) -> None:
         """Plan a claimed batch and queue each plan for the starter at its fire time: at once
@@ -372,11 +389,15 @@ class Worker:
         foreign: list[Claim] = []
         for claim in claims:
             metrics.emit(metrics.ACQUIRE, claim.job_key, "acquired")
-            spec = self.app.jobs.get(claim.job_key)
+            spec = self._spec(claim)
             if spec is None:
                 foreign.append(claim)
                 continue
-            if claim.differs_from(spec) and (claim.job_key, claim.revision) not in self._warned:
+            if (
+                claim.task is None
+                and claim.differs_from(spec)
+                and (claim.job_key, claim.revision) not in self._warned
+            ):
                 self._warned.add((claim.job_key, claim.revision))
                 log.warning(
                     "job %r: the database holds a different definition (revision %d: %s) "
@@ -612,9 +633,10 @@ class Worker:
         for claim in claims:
             if claim.job_key not in self._exclude:
                 log.warning(
-                    "job %r is scheduled in the database but this worker has no function for "
+                    "job %r is scheduled in the database but this worker has no %s for "
                     "it; leaving it to workers that do",
                     claim.job_key,
+                    "function" if claim.task is None else f"task {claim.task!r}",
                     extra={"job": claim.job_key},
                 )
             self._exclude.add(claim.job_key)
@@ -670,6 +692,8 @@ class Worker:
             lease=lease,
             client=self.client,
             worker_id=self.id,
+            args=claim.args,
+            task=claim.task,
         )
         lease.on_lost(lambda lost: ctx._stop(lost.lost_reason or "the lease is lost"))
         run = Run(
