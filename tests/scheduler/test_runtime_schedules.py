@@ -157,15 +157,7 @@ def test_unknown_task_is_refused_once_workers_registered_their_tasks(
     tenure.add_schedule(client, "early", task="later.task", every="1h")
     app = tenure.Scheduler(dsn, schema=schema, name="billing")
     app.task("invoices.send")(lambda ctx: None)
-    from tenure.scheduler.registration import register_tasks
-
-    async def go() -> None:
-        async with await tenure.connect_async(dsn, schema=schema) as aclient:
-            await register_tasks(aclient, list(app.tasks), app=app.name, registered_by="test")
-
-    import asyncio
-
-    asyncio.run(go())
+    app.register()  # as a deploy step or a starting worker does
     before = stored(dsn, schema)
     with pytest.raises(tenure.InvalidArgument, match=r"unknown task 'invoices\.sned'"):
         tenure.add_schedule(client, "x", task="invoices.sned", every="1h")

@@ -55,6 +55,7 @@ from ..validation import (
 )
 from .definitions import check_task
 from .isolation import importable
+from .registration import register_tasks
 from .schedules import MISFIRE_POLICIES, ON_CRASH_POLICIES, QUARANTINE_AFTER, Policy, Schedule
 from .spec import JobFunction, JobSpec, TaskSpec
 from .vacuum import DEFAULT_EVERY as DEFAULT_VACUUM_EVERY
@@ -383,8 +384,9 @@ class Scheduler:
         loop.call_soon_threadsafe(worker.request_stop, cancel)
 
     async def register_async(self, *, adopt: bool = False) -> None:
-        """Register (upsert) the job definitions without running a worker, e.g. in a deploy
-        step. Workers do this when they start. ``adopt``: as in :meth:`run_async`."""
+        """Register (upsert) the job definitions and the task names without running a
+        worker, e.g. in a deploy step. Workers do this when they start. ``adopt``: as in
+        :meth:`run_async`."""
         from ..leases._async.client import connect_async
 
         async with await connect_async(self.dsn, schema=self.schema, migrate=self.migrate) as c:
@@ -395,6 +397,7 @@ class Scheduler:
                 app=self.name,
                 adopt=adopt,
             )
+            await register_tasks(c, list(self._tasks), app=self.name, registered_by="register()")
 
     def register(self, *, adopt: bool = False) -> None:
         asyncio.run(self.register_async(adopt=adopt))
