@@ -12,7 +12,7 @@ It prints, for the measurement window (after a warm-up):
 * CPU per run of each worker process and of the PostgreSQL backends serving them (``/proc``,
   so the database must run on this machine for the backend column);
 * statements per run, by name and in total: every worker counts the calls of the client's
-  single query path (``AsyncClient._fetch``, wrapped here, nothing in ``src/`` changes), the
+  single query path (``AsyncClient.fetch``, wrapped here, nothing in ``src/`` changes), the
   claim batch sizes and the wall time of each call; the total is cross-checked with the
   committed transactions of the bench's own database (``pg_stat_database``: every tenure
   statement is one autocommit transaction);
@@ -100,7 +100,7 @@ def _child() -> None:
     SIGUSR1 appends a snapshot of the counters to $PROFILE_COUNTS (one JSON line)."""
     from tenure.leases._async.client import AsyncClient
 
-    original = AsyncClient._fetch
+    original = AsyncClient.fetch
     calls: dict[str, list[float]] = {}  # name -> [calls, rows, seconds]
     batches: collections.Counter[int] = collections.Counter()
 
@@ -115,7 +115,7 @@ def _child() -> None:
             batches[len(rows) - 1] += 1  # the last row is the "look again at" summary
         return rows
 
-    AsyncClient._fetch = counted  # type: ignore[method-assign]
+    AsyncClient.fetch = counted  # type: ignore[method-assign]
     path = os.environ["PROFILE_COUNTS"]
 
     def snapshot(signum: int, frame: Any) -> None:
@@ -361,10 +361,10 @@ def claim_and_plan(
 ) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """Claim up to ``limit`` due jobs on ``conn`` and plan them with the worker's own code:
     the parameters of sched_start for the batch and of sched_finish for its first run."""
+    from tenure.db.channels import channel
     from tenure.db.queries import queries
     from tenure.scheduler.claim import Finished, claims_from_rows, finish_params, start_params
-    from tenure.scheduler.jobs import channel_name, schedule_from_row
-    from tenure.scheduler.schedules import plan
+    from tenure.scheduler.schedules import plan, schedule_from_row
 
     params = {"limit": limit, "exclude": [], "app": APP, "ahead": FIRE_AHEAD}
     rows = conn.execute(queries(SCHEMA)["sched_claim"], params)
@@ -391,7 +391,7 @@ def claim_and_plan(
         c.job_key, c.token, c.owner, d.run_slot, d.run_kind, d.attempt, now, True, "succeeded", None
     )
     finish = finish_params(
-        [ended], channel=channel_name(SCHEMA), worker="profile", host="profile", pid=0
+        [ended], channel=channel("jobs", SCHEMA), worker="profile", host="profile", pid=0
     )
     return start_params(planned, worker="profile", host="profile", pid=0), finish
 

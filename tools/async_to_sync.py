@@ -153,7 +153,7 @@ RENAMES: dict[str, str] = {
     "remove_schedules_async": "remove_schedules",
     "schedule_changes_async": "schedule_changes",
     "backfill_schedule_async": "backfill_schedule",
-    "AsyncFetcher": "Fetcher",
+    "AsyncExecutor": "Executor",
     "aspawn": "spawn",
     # typing / collections.abc / contextlib / builtins
     "AsyncIterator": "Iterator",

@@ -213,7 +213,7 @@ def test_bulk_add_in_one_statement_then_list_and_search_by_page(
 
 def _start(client: tenure.Client, claim: Any) -> list[tuple[Any, ...]]:
     decided = plan(claim.schedule(), claim.policy(), claim.state, claim.at, claim.token)
-    return client._fetch(
+    return client.fetch(
         "sched_start",
         start_params([(claim, decided)], worker="w", host="h", pid=1),
         doing="starting",
@@ -251,9 +251,10 @@ def test_a_claim_of_a_removed_or_paused_schedule_cannot_start(
     claims, _ = claim_batch(client, app="any")
     by_key = {c.job_key: c for c in claims}
     assert tenure.remove_schedule(client, "gone")
-    from tenure.scheduler.jobs import channel_name, pause
+    from tenure.db.channels import channel
+    from tenure.scheduler.jobs import pause
 
-    pause(client, "paused", channel=channel_name(schema))
+    pause(client, "paused", channel=channel("jobs", schema))
     assert _start(client, by_key["gone"]) == []
     assert _start(client, by_key["paused"]) == []
     [change, _add] = tenure.schedule_changes(client, "gone")
@@ -299,3 +300,18 @@ def test_a_one_shot_ends_after_its_run() -> None:
     assert s.next_after(now) == dt.datetime(2030, 1, 1, 1, 0, tzinfo=dt.UTC)
     assert s.next_after(dt.datetime(2030, 1, 1, 1, 0, tzinfo=dt.UTC)) == NEVER
     assert json.loads(json.dumps(definition.row(now)))["run_at"].startswith("2030-01-01T01:00")
+
+
+def test_jobs_list_pause_and_resume_work_on_runtime_schedules(
+    client: tenure.Client, schema: str
+) -> None:
+    from tenure.db.channels import channel
+    from tenure.scheduler.jobs import list_jobs, pause, resume
+
+    tenure.add_schedule(client, "once", task="t", at="2099-01-01T00:00Z")
+    [job] = list_jobs(client)
+    assert job.task == "t" and job.schedule.startswith("at 2099-01-01T00:00:00")
+    assert pause(client, "once", channel=channel("jobs", schema))
+    resumed = resume(client, "once", channel=channel("jobs", schema))
+    assert resumed is not None
+    assert resumed.next_slot == dt.datetime(2099, 1, 1, tzinfo=dt.UTC)

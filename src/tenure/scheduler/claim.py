@@ -284,16 +284,18 @@ def start_params(
                 p["backfill_next"] = d.backfill_next.isoformat()
         plans.append(p)
         for s in d.skipped:
-            skipped.append(
-                {
-                    "job_key": claim.job_key,
-                    "slot": s.slot.isoformat(),
-                    "token": claim.token,
-                    "kind": s.kind,
-                    "outcome": s.outcome,
-                    "error": _text(s.error),
-                }
-            )
+            row = {
+                "job_key": claim.job_key,
+                "slot": s.slot.isoformat(),
+                "token": claim.token,
+                "kind": s.kind,
+                "outcome": s.outcome,
+                "error": _text(s.error),
+            }
+            if s.last is not None:  # a run of missed slots: one row with its count
+                row["slots"] = s.count
+                row["last_slot"] = s.last.isoformat()
+            skipped.append(row)
     return {
         "plan": json.dumps(plans, separators=(",", ":")),
         "count": len(plans),

@@ -98,10 +98,8 @@ async def execute(run: Run) -> tuple[str, str | None, float]:
     try:
         if run.spec.isolation == "process":
             # The body runs in a child process; cancelling this future stops the child.
-            info = ctx._client._pool.conninfo  # as connected (else: the same resolution)
-            body: asyncio.Future[Any] = asyncio.ensure_future(
-                run_isolated(run.spec, ctx, info if isinstance(info, str) else None)
-            )
+            info = ctx._client.conninfo  # as connected (else: the same resolution)
+            body: asyncio.Future[Any] = asyncio.ensure_future(run_isolated(run.spec, ctx, info))
         elif run.spec.is_async:
             body = asyncio.ensure_future(
                 _guarded(run.spec.fn, ctx, lambda: run.shutdown or lease.lost)

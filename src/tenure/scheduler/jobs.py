@@ -12,34 +12,15 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..db import channels
 from ..errors import TenureError, UnknownJob
 from ..validation import check_int, check_job_key
-from .schedules import Schedule, schedule_of
+from .schedules import schedule_from_row
 
 if TYPE_CHECKING:
     from ..leases._sync.client import Client
 
-_US = dt.timedelta(microseconds=1)
 #: Most history rows one call returns.
 MAX_LIMIT = 100_000
-
-
-def channel_name(schema: str) -> str:
-    """The LISTEN/NOTIFY channel of a schema's scheduler (an identifier of at most 63 bytes)."""
-    return channels.channel_name("tenure_jobs", schema)
-
-
-def schedule_from_row(
-    job_key: str,
-    cron: str | None,
-    every: dt.timedelta | None,
-    timezone: str,
-    **bounds: Any,
-) -> Schedule:
-    """The schedule stored in the database (already validated when it was registered);
-    ``bounds``: a runtime schedule's ``run_at``, ``starts_at``, ``ends_at``, ``jitter``."""
-    return schedule_of(job_key, cron, every, timezone, **bounds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +53,7 @@ class JobStatus:
     quarantined_at: dt.datetime | None = None
     quarantined: str | None = None  # the reason, while quarantined
     app: str | None = None  # the app that owns the definition (None: not stamped yet)
+    task: str | None = None  # a runtime schedule's task (None: a coded job)
 
     @property
     def state(self) -> str:
@@ -113,6 +95,7 @@ class JobStatus:
             "quarantined": self.quarantined,
             "quarantined_at": _iso(self.quarantined_at),
             "app": self.app,
+            "task": self.task,
         }
 
 
@@ -134,6 +117,10 @@ class RunRecord:
     finished_at: dt.datetime | None
     outcome: str
     error: str | None
+    #: How many consecutive slots the row stands for (a run of missed slots, slot to
+    #: last_slot; version 13); 1 for a run.
+    slots: int = 1
+    last_slot: dt.datetime | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -151,6 +138,8 @@ class RunRecord:
             "finished_at": _iso(self.finished_at),
             "outcome": self.outcome,
             "error": self.error,
+            "slots": self.slots,
+            "last_slot": _iso(self.last_slot),
         }
 
 
@@ -159,7 +148,7 @@ def _iso(value: dt.datetime | None) -> str | None:
 
 
 def list_jobs(client: Client) -> list[JobStatus]:
-    rows = client._fetch("sched_list", {}, doing="listing scheduled jobs")
+    rows = client.fetch("sched_list", {}, doing="listing scheduled jobs")
     out = []
     for row in rows:
         (
@@ -191,11 +180,17 @@ def list_jobs(client: Client) -> list[JobStatus]:
             quarantined_at,
             quarantine_reason,
             app,
+            task,
+            run_at,
+            starts_at,
+            ends_at,
+            jitter,
         ) = row
+        bounds = {"run_at": run_at, "starts_at": starts_at, "ends_at": ends_at, "jitter": jitter}
         out.append(
             JobStatus(
                 key,
-                schedule_from_row(key, cron, every, tz).describe(),
+                schedule_from_row(key, cron, every, tz, **bounds).describe(),
                 ttl,
                 misfire,
                 grace,
@@ -220,6 +215,7 @@ def list_jobs(client: Client) -> list[JobStatus]:
                 quarantined_at,
                 quarantine_reason,
                 app,
+                task,
             )
         )
     return out
@@ -238,7 +234,7 @@ def pause(client: Client, job_key: str, *, channel: str) -> bool:
     """Pause ``job_key``: no new runs (a running one finishes). False if it already was."""
     check_job_key(job_key)
     row = _require(
-        client._fetch(
+        client.fetch(
             "sched_pause",
             {"job_key": job_key, "channel": channel},
             doing=f"pausing {job_key!r}",
@@ -263,14 +259,25 @@ def resume(client: Client, job_key: str, *, channel: str) -> Resumed | None:
     """
     check_job_key(job_key)
     for _ in range(5):
-        key, cron, every, tz, revision, paused, _next, _trigger, now, quarantine = _require(
-            client._fetch("sched_get", {"job_key": job_key}, doing=f"reading {job_key!r}"),
+        row = _require(
+            client.fetch("sched_get", {"job_key": job_key}, doing=f"reading {job_key!r}"),
             job_key,
         )
+        key, cron, every, tz, revision, paused, _next, _trigger, now, quarantine = row[:10]
         if not paused:
             return None
-        first = schedule_from_row(key, cron, every, tz).next_after(now)
-        rows = client._fetch(
+        run_at, starts_at, ends_at, jitter = row[10:]
+        first = schedule_from_row(
+            key,
+            cron,
+            every,
+            tz,
+            run_at=run_at,
+            starts_at=starts_at,
+            ends_at=ends_at,
+            jitter=jitter,
+        ).next_after(now)
+        rows = client.fetch(
             "sched_resume",
             {"job_key": job_key, "next_slot": first, "revision": revision, "channel": channel},
             doing=f"resuming {job_key!r}",
@@ -293,7 +300,7 @@ def trigger(client: Client, job_key: str, *, channel: str) -> Triggered:
     """Ask for one run of ``job_key`` now (by any worker that has it)."""
     check_job_key(job_key)
     pending, triggered, paused, _ = _require(
-        client._fetch(
+        client.fetch(
             "sched_trigger",
             {"job_key": job_key, "channel": channel},
             doing=f"triggering {job_key!r}",
@@ -308,7 +315,7 @@ def history(client: Client, job_key: str, *, limit: int = 20) -> list[RunRecord]
     """The newest ``limit`` history rows of ``job_key``, newest first."""
     check_job_key(job_key)
     check_int(limit, what="limit", minimum=1, maximum=MAX_LIMIT)
-    rows = client._fetch(
+    rows = client.fetch(
         "sched_history",
         {"job_key": job_key, "limit": limit},
         doing=f"reading the history of {job_key!r}",

@@ -10,8 +10,9 @@ import datetime as dt
 import logging
 from typing import TYPE_CHECKING
 
+from ..db.channels import channel
 from ..errors import JobOwnedByAnotherApp
-from .jobs import channel_name, schedule_from_row
+from .schedules import schedule_from_row
 
 if TYPE_CHECKING:
     from ..leases._async.client import AsyncClient
@@ -67,9 +68,9 @@ async def register(
         "defined_by": defined_by,
         "app": app,
         "adopt": adopt,
-        "channel": channel_name(client.schema),
+        "channel": channel("jobs", client.schema),
     }
-    rows = await client._fetch_sized(
+    rows = await client.fetch_sized(
         "sched_register",
         params,
         doing="registering job definitions",
@@ -152,7 +153,7 @@ async def register_tasks(
     a task no worker of the app has is refused when it is added."""
     if not tasks:
         return
-    await client._fetch(
+    await client.fetch(
         "sched_register_tasks",
         {"app": app, "tasks": sorted(tasks), "registered_by": registered_by},
         doing="registering tasks",

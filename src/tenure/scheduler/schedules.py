@@ -28,6 +28,7 @@ import hashlib
 import zoneinfo
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from cronsim import CronSim, CronSimError
 
@@ -353,12 +354,15 @@ class JobState:
 
 @dataclass(frozen=True, slots=True)
 class Skipped:
-    """A slot recorded without running: ``misfire_skipped`` or ``abandoned``."""
+    """A slot recorded without running: ``misfire_skipped`` or ``abandoned``. A run of
+    consecutive missed slots is one record: ``count`` slots from ``slot`` to ``last``."""
 
     slot: dt.datetime
     kind: str
     outcome: str
     error: str
+    count: int = 1
+    last: dt.datetime | None = None  # the run's last slot (None: a single slot)
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,6 +384,52 @@ class Plan:
     #: ``backfill_next`` (None: it is over).
     backfill_from: dt.datetime | None = None
     backfill_next: dt.datetime | None = None
+
+
+class Due:
+    """The due slots of one claim, ``count`` of them from ``first`` (``slot(i)``: the i-th):
+    an ``every`` schedule's by arithmetic, however many (a week of an every-1s job's missed
+    slots is one record, computed at once), a cron schedule's listed by cronsim, at most
+    :data:`MAX_MISSED` per claim (``capped``: the next claim continues)."""
+
+    __slots__ = ("_listed", "capped", "count", "first", "following", "step")
+
+    def __init__(self, schedule: Schedule, first: dt.datetime, now: dt.datetime) -> None:
+        self.first = first
+        # Arithmetic only for a plain every schedule: a runtime schedule's jitter, end or
+        # one-shot moves or ends its slots.
+        self.step: dt.timedelta | None = None if schedule.bounded else schedule.every
+        self._listed: list[dt.datetime] = []
+        if self.step is not None:
+            self.count = (now - first) // self.step + 1
+            self.following = first + self.count * self.step
+            self.capped = False
+        else:
+            self._listed, self.following, self.capped = due_slots(schedule, first, now)
+            self.count = len(self._listed)
+
+    def slot(self, i: int) -> dt.datetime:
+        return self._listed[i] if self.step is None else self.first + i * self.step
+
+    def count_until(self, instant: dt.datetime) -> int:
+        """How many of the due slots are at or before ``instant``."""
+        if instant < self.first:
+            return 0
+        if self.step is not None:
+            return min(self.count, (instant - self.first) // self.step + 1)
+        return sum(1 for slot in self._listed if slot <= instant)
+
+    def first_within(self, now: dt.datetime, grace: float) -> int:
+        """The index of the oldest slot at most ``grace`` seconds late (``count``: none)."""
+        if self.step is not None:
+            late = (now - self.first).total_seconds() - grace
+            if late <= 0:
+                return 0
+            return min(self.count, -(-dt.timedelta(seconds=late) // self.step))
+        for i, slot in enumerate(self._listed):
+            if (now - slot).total_seconds() <= grace:
+                return i
+        return self.count
 
 
 def due_slots(
@@ -483,59 +533,76 @@ def plan(schedule: Schedule, policy: Policy, state: JobState, now: dt.datetime, 
         first = schedule.next_after(floor)
         next_slot = first
     if first <= now:
-        due, following, capped = due_slots(schedule, first, now)
-        missed: list[dt.datetime] = []
-        overlapped: list[dt.datetime] = []
+        missed = 0
+        due: Due | None = Due(schedule, first, now)
+        assert due is not None
+        grace = policy.grace()
         if policy.overlap is not None and state.freed_at is not None:
             # Slots that came while the previous run held the lease: skipped, or the newest
-            # run once after it (buffer_one), unless a slot after it is due too.
-            overlapped = [s for s in due if s <= state.freed_at]
-            due = due[len(overlapped) :]
-            if not due and policy.overlap == "buffer_one" and not capped:
-                run_slot = overlapped.pop()
-            next_slot = following
-        grace = policy.grace()
-        if not due:
+            # of them run once after it (buffer_one) when no slot after it is due.
+            held = due.count_until(state.freed_at)
+            if held:
+                if held == due.count and policy.overlap == "buffer_one" and not due.capped:
+                    run_slot = due.slot(held - 1)
+                    held -= 1
+                if held:
+                    last = due.slot(held - 1)
+                    skipped.append(
+                        Skipped(
+                            due.slot(0),
+                            "scheduled",
+                            "misfire_skipped",
+                            f"{held} slot(s) came while the previous run held the job "
+                            f"(overlap={policy.overlap!r})",
+                            held,
+                            None if held == 1 else last,
+                        )
+                    )
+                    done = max(last, done) if done is not None else last
+                next_slot = due.following
+                due = (
+                    Due(schedule, due.slot(held), now)
+                    if run_slot is None and held < due.count
+                    else None
+                )
+        if due is None:
             pass
         elif policy.misfire == "all":
-            for i, slot in enumerate(due):
-                if (now - slot).total_seconds() <= grace:
-                    run_slot = slot
-                    next_slot = due[i + 1] if i + 1 < len(due) else following
-                    break
-            missed = due if run_slot is None else due[: due.index(run_slot)]
-            if run_slot is None:
-                next_slot = following
+            # The oldest slot within the grace runs; the ones before it are missed.
+            missed = due.first_within(now, grace)
+            if missed < due.count:
+                run_slot = due.slot(missed)
+                next_slot = due.slot(missed + 1) if missed + 1 < due.count else due.following
+            else:
+                next_slot = due.following
         else:
-            newest = due[-1]
-            if not capped and (now - newest).total_seconds() <= grace:
+            newest = due.slot(due.count - 1)
+            if not due.capped and (now - newest).total_seconds() <= grace:
                 run_slot = newest
-            missed = due if run_slot is None else due[:-1]
-            next_slot = following
-        for slot in overlapped:
+            missed = due.count if run_slot is None else due.count - 1
+            next_slot = due.following
+        if due is not None and missed:
+            # One record for the whole run of missed slots (issue 31: a row per slot was
+            # 3,600 rows for an hour of an every-1s job's downtime).
+            oldest, last = due.slot(0), due.slot(missed - 1)
+            late = (now - last).total_seconds()
+            what = (
+                f"missed by {late:.3f}s"
+                if missed == 1
+                else f"{missed} slots missed, by {(now - oldest).total_seconds():.3f}s to "
+                f"{late:.3f}s"
+            )
             skipped.append(
                 Skipped(
-                    slot,
+                    oldest,
                     "scheduled",
                     "misfire_skipped",
-                    f"came while the previous run held the job (overlap={policy.overlap!r})",
+                    f"{what} (misfire={policy.misfire!r}, misfire_grace={_grace_text(policy)})",
+                    missed,
+                    None if missed == 1 else last,
                 )
             )
-        for slot in missed:
-            late = (now - slot).total_seconds()
-            skipped.append(
-                Skipped(
-                    slot,
-                    "scheduled",
-                    "misfire_skipped",
-                    f"missed by {late:.3f}s (misfire={policy.misfire!r}, "
-                    f"misfire_grace={_grace_text(policy)})",
-                )
-            )
-        passed = [*overlapped, *missed]
-        if passed:
-            newest_passed = max(passed)
-            done = max(newest_passed, done) if done is not None else newest_passed
+            done = max(last, done) if done is not None else last
         if run_slot is not None and policy.max_runs is not None:
             if state.runs_started >= policy.max_runs:
                 skipped.append(
@@ -604,3 +671,16 @@ def _grace_text(policy: Policy) -> str:
     if policy.misfire_grace is None:
         return "none" if policy.misfire != "skip" else f"{SKIP_DEFAULT_GRACE:g}s (default)"
     return f"{policy.misfire_grace:g}s"
+
+
+def schedule_from_row(
+    job_key: str,
+    cron: str | None,
+    every: dt.timedelta | None,
+    timezone: str,
+    **bounds: Any,
+) -> Schedule:
+    """The schedule stored in the database (already validated when it was registered): the
+    worker, the dashboard and the exporter read it from ``jobs`` rows; ``bounds``: a runtime
+    schedule's ``run_at``, ``starts_at``, ``ends_at``, ``jitter``."""
+    return schedule_of(job_key, cron, every, timezone, **bounds)

@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import metrics
 from .._acompat import monotonic
+from ..db.channels import channel
 from ..db.retention import age_text
 from ..errors import DatabaseUnavailable, InvalidArgument, SchemaNotReady, TenureError
 from ..leases._async.client import AsyncClient, connect_async, default_margin
@@ -71,7 +72,6 @@ from .claim import (
 )
 from .context import JobContext
 from .execution import Run, execute
-from .jobs import channel_name
 from .registration import register, register_tasks
 from .saturation import Saturation
 from .schedules import Plan, Schedule, plan
@@ -134,7 +134,7 @@ class Worker:
         self.id = uuid.uuid4().hex[:12]
         self.host = socket.gethostname()
         self.pid = os.getpid()
-        self.channel = channel_name(app.schema)
+        self.channel = channel("jobs", app.schema)
         self._client: AsyncClient | None = None
         # Keyed by (job, token): a run that lost its lease may still be finishing when this
         # same worker claims the job's retry.
@@ -306,7 +306,7 @@ class Worker:
             if free > 0:
                 sent = monotonic()  # the lease's local deadline counts from here
                 try:
-                    rows = await self.client._fetch(
+                    rows = await self.client.fetch(
                         "sched_claim",
                         {
                             "limit": free,
@@ -520,7 +520,7 @@ class Worker:
     async def _send_start(self, batch: list[_Planned]) -> list[tuple[Any, ...]] | None:
         """``sched_start`` for a batch; its rows, or None if it was not recorded (logged)."""
         try:
-            rows = await self.client._fetch(
+            rows = await self.client.fetch(
                 "sched_start",
                 start_params(
                     [(p.claim, p.decided) for p in batch],
@@ -557,10 +557,11 @@ class Worker:
             # holder's lease kept the job (it overran, froze or died) counts from the lease's
             # end, and one skipped then does not count.
             skipped += sum(
-                s.outcome == "misfire_skipped"
+                s.count  # a run of missed slots counts as its first slot does
+                for s in decided.skipped
+                if s.outcome == "misfire_skipped"
                 and counts(s.slot)
                 and not claim.held_elsewhere(s.slot)
-                for s in decided.skipped
             )
             slot, at = decided.run_slot, started[claim.job_key]
             if decided.run_kind == "scheduled" and slot is not None and at and counts(slot):
@@ -609,11 +610,11 @@ class Worker:
                 level,
                 "job %r: %d missed slot(s) skipped (misfire=%r%s), %s .. %s",
                 claim.job_key,
-                len(missed),
+                sum(s.count for s in missed),
                 claim.misfire,
                 ", worker saturated" if quiet else "",
                 missed[0].slot.isoformat(),
-                missed[-1].slot.isoformat(),
+                (missed[-1].last or missed[-1].slot).isoformat(),
                 extra=extra,
             )
         for s in abandoned:
@@ -646,7 +647,7 @@ class Worker:
     async def _release_claims(self, claims: list[Claim]) -> None:
         """``sched_unclaim``: the leases expire now and the jobs are due as before the claim."""
         try:
-            await self.client._fetch(
+            await self.client.fetch(
                 "sched_unclaim",
                 {
                     "keys": [c.job_key for c in claims],
@@ -779,7 +780,7 @@ class Worker:
         ordered = sorted(batch, key=lambda f: (f.job_key, f.token))  # one lock order
         for attempt in range(3):
             try:
-                rows = await self.client._fetch(
+                rows = await self.client.fetch(
                     "sched_finish",
                     finish_params(
                         ordered, channel=self.channel, worker=self.id, host=self.host, pid=self.pid
@@ -843,7 +844,7 @@ class Worker:
             if not runs:
                 continue
             try:
-                await self.client._fetch(
+                await self.client.fetch(
                     "sched_running",
                     running_params(
                         [
@@ -876,7 +877,7 @@ class Worker:
     ) -> None:
         key, token = run.claim.job_key, run.claim.token
         # A lease marked lost has already been counted out of tenure_leases_held.
-        counted_out = run.lease._lost_reason is not None  # without evaluating the deadline
+        counted_out = run.lease.marked_lost  # without evaluating the deadline
         run.lease.mark_released()
         self.runs += 1
         if not done:
@@ -938,7 +939,7 @@ class Worker:
             await asyncio.wait({self._finisher}, timeout=10.0)
         if self.handed_over:
             with contextlib.suppress(TenureError):
-                await self.client._fetch(
+                await self.client.fetch(
                     "sched_notify",
                     {"channel": self.channel, "payload": "stopped"},
                     doing="notifying peers",

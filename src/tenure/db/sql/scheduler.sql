@@ -354,12 +354,15 @@ WITH plan AS (
     WHERE r.outcome = 'running'
     RETURNING r.job_key
 ), skipped AS (
+    -- A run of missed slots is one row: slots (its count) from slot to last_slot (version 13).
     INSERT INTO {schema}.job_runs
-        (job_key, slot, kind, token, worker_id, host, pid, finished_at, outcome, error)
+        (job_key, slot, kind, token, worker_id, host, pid, finished_at, outcome, error, slots,
+         last_slot)
     SELECT s.job_key, s.slot, s.kind, s.token, %(worker)s, %(host)s, %(pid)s,
-           clock_timestamp(), s.outcome, s.error
+           clock_timestamp(), s.outcome, s.error, coalesce(s.slots, 1), s.last_slot
     FROM json_to_recordset(%(skipped)s::json)
-        AS s(job_key text, slot timestamptz, token bigint, kind text, outcome text, error text)
+        AS s(job_key text, slot timestamptz, token bigint, kind text, outcome text, error text,
+             slots integer, last_slot timestamptz)
     WHERE s.job_key IN (SELECT job_key FROM job)
       -- After the previous run's row (read to the end first): history in the order it
       -- happened (an unreferenced CTE runs at an order of the planner's choosing).
@@ -551,7 +554,8 @@ SELECT j.job_key, j.cron, j.every, j.timezone, j.ttl, j.misfire, j.misfire_grace
        j.running_token, j.trigger_at, l.fencing_token, l.lease_until,
        coalesce(l.lease_until >= clock_timestamp(), false) AS held,
        last.outcome, last.slot, last.finished_at, clock_timestamp() AS now,
-       j.quarantine_after, j.crash_streak, j.quarantined_at, j.quarantine_reason, j.app
+       j.quarantine_after, j.crash_streak, j.quarantined_at, j.quarantine_reason, j.app,
+       j.task, j.run_at, j.starts_at, j.ends_at, j.jitter
 FROM {schema}.scheduled_jobs AS j
 LEFT JOIN {schema}.job_leases AS l ON l.job_key = j.job_key
 LEFT JOIN LATERAL (
@@ -565,7 +569,7 @@ ORDER BY j.job_key;
 
 -- name: sched_get
 SELECT job_key, cron, every, timezone, revision, paused, next_slot, trigger_at,
-       clock_timestamp() AS now, quarantine_reason
+       clock_timestamp() AS now, quarantine_reason, run_at, starts_at, ends_at, jitter
 FROM {schema}.scheduled_jobs
 WHERE job_key = %(job_key)s;
 
@@ -613,7 +617,7 @@ FROM old AS o;
 
 -- name: sched_history
 SELECT run_id, job_key, slot, kind, attempt, token, owner, worker_id, host, pid, started_at,
-       finished_at, outcome, error
+       finished_at, outcome, error, slots, last_slot
 FROM {schema}.job_runs
 WHERE job_key = %(job_key)s
 ORDER BY run_id DESC

@@ -64,12 +64,6 @@ def check_key(key: object, *, what: str = "key") -> str:
     return check_text(key, what=what, max_chars=MAX_KEY)
 
 
-def channel(schema: str) -> str:
-    """The LISTEN/NOTIFY channel of a schema's outbox (at most 63 bytes, PostgreSQL's limit
-    for identifiers; long schema names are hashed)."""
-    return channels.channel_name("tenure_outbox", schema)
-
-
 def _check_in_transaction(conn: AsyncConnection[Any], what: str) -> None:
     # In autocommit mode outside a transaction block the statement would commit on its own:
     # the message would exist even if the caller's fenced work then rolled back.
@@ -122,7 +116,7 @@ async def enqueue_async(
         "order_key": order_key,
         "job_key": job_key,
         "token": token,
-        "channel": channel(schema),
+        "channel": channels.channel("outbox", schema),
     }
     with mapped(f"enqueuing {topic!r} message {key!r}"):
         cur = await conn.execute(query(schema, "outbox_enqueue"), params)
@@ -174,7 +168,7 @@ async def messages_async(
     if topic is not None:
         check_topic(topic)
     check_int(limit, what="limit", minimum=1, maximum=MAX_LIMIT)
-    rows = await client._fetch(
+    rows = await client.fetch(
         "outbox_list",
         {"states": _states(state), "topic": topic, "ids": _ids(ids), "limit": limit},
         doing="listing outbox messages",
@@ -184,7 +178,7 @@ async def messages_async(
 
 async def counts_async(client: AsyncClient) -> dict[str, int]:
     """Number of messages per state (every state present, zero if none)."""
-    rows = await client._fetch("outbox_counts", {}, doing="counting outbox messages")
+    rows = await client.fetch("outbox_counts", {}, doing="counting outbox messages")
     found = {state: int(n) for state, n in rows}
     return {state: found.get(state, 0) for state in ("pending", "delivered", "dead")}
 
@@ -194,7 +188,7 @@ async def unhandled_async(client: AsyncClient) -> list[UnhandledTopic]:
     the oldest: such messages wait (they are never claimed, so never parked) until a relay with a
     handler for their topic starts. A relay is live while it beats (see ``tenure relay``);
     one killed without stopping still counts for its last beat's lifetime."""
-    rows = await client._fetch("outbox_unhandled", {}, doing="reading unhandled outbox topics")
+    rows = await client.fetch("outbox_unhandled", {}, doing="reading unhandled outbox topics")
     return [UnhandledTopic(topic, int(n), float(age)) for topic, n, age in rows]
 
 
@@ -206,9 +200,9 @@ async def retry_async(
     ids re-driven."""
     if topic is not None:
         check_topic(topic)
-    rows = await client._fetch(
+    rows = await client.fetch(
         "outbox_retry",
-        {"ids": _ids(ids), "topic": topic, "channel": channel(client.schema)},
+        {"ids": _ids(ids), "topic": topic, "channel": channels.channel("outbox", client.schema)},
         doing="re-driving dead outbox messages",
         wrote=True,
     )
@@ -241,7 +235,7 @@ async def purge_async(
     age = parse_duration(older_than, what="older_than")
     if topic is not None:
         check_topic(topic)
-    rows = await client._fetch(
+    rows = await client.fetch(
         "outbox_purge",
         {
             "state": state,

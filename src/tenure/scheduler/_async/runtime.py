@@ -21,6 +21,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
+from ...db.channels import channel
 from ...db.queries import query
 from ...errors import InvalidArgument, ScheduleConflict, UnknownJob, mapped
 from ...leases._async.client import AsyncClient
@@ -35,7 +36,6 @@ from ..definitions import (
     resolve_app,
     schedule_def,
 )
-from ..jobs import channel_name
 from ..schedules import NEVER
 
 Target = AsyncClient | AsyncConnection[Any]
@@ -67,7 +67,7 @@ async def _run(
 ) -> list[tuple[Any, ...]]:
     if isinstance(target, AsyncClient):
         if size > 1000:
-            return await target._fetch_sized(
+            return await target.fetch_sized(
                 name,
                 params,
                 doing=doing,
@@ -75,7 +75,7 @@ async def _run(
                 serialize="schedules",
                 wrote=True,
             )
-        return await target._fetch(name, params, doing=doing, wrote=True)
+        return await target.fetch(name, params, doing=doing, wrote=True)
     with mapped(doing, wrote=True):
         cur = await target.execute(query(schema, name), params)
         return [] if cur.description is None else await cur.fetchall()
@@ -202,7 +202,7 @@ async def add_schedules_async(
             "if_exists": if_exists,
             "action": action,
             "defined_by": "tenure.add_schedule",
-            "channel": channel_name(name),
+            "channel": channel("jobs", name),
         },
         doing=f"storing {len(defs)} schedules",
         size=len(defs),
@@ -361,7 +361,7 @@ async def remove_schedules_async(
         target,
         name,
         "sched_remove",
-        {"keys": list(keys), "channel": channel_name(name)},
+        {"keys": list(keys), "channel": channel("jobs", name)},
         doing=f"removing {len(keys)} schedules",
         size=len(keys),
     )
@@ -434,7 +434,7 @@ async def backfill_schedule_async(
         target,
         name,
         "sched_backfill",
-        {"job_key": key, "first": slots[0], "last": slots[-1], "channel": channel_name(name)},
+        {"job_key": key, "first": slots[0], "last": slots[-1], "channel": channel("jobs", name)},
         doing=f"backfilling {key!r}",
     )
     if not rows:

@@ -24,6 +24,7 @@ from typing import Any
 
 from psycopg import Connection
 
+from ...db.channels import channel
 from ...db.queries import query
 from ...errors import InvalidArgument, ScheduleConflict, UnknownJob, mapped
 from ...leases._sync.client import Client
@@ -38,7 +39,6 @@ from ..definitions import (
     resolve_app,
     schedule_def,
 )
-from ..jobs import channel_name
 from ..schedules import NEVER
 
 Target = Client | Connection[Any]
@@ -66,7 +66,7 @@ def _run(
 ) -> list[tuple[Any, ...]]:
     if isinstance(target, Client):
         if size > 1000:
-            return target._fetch_sized(
+            return target.fetch_sized(
                 name,
                 params,
                 doing=doing,
@@ -74,7 +74,7 @@ def _run(
                 serialize="schedules",
                 wrote=True,
             )
-        return target._fetch(name, params, doing=doing, wrote=True)
+        return target.fetch(name, params, doing=doing, wrote=True)
     with mapped(doing, wrote=True):
         cur = target.execute(query(schema, name), params)
         return [] if cur.description is None else cur.fetchall()
@@ -199,7 +199,7 @@ def add_schedules(
             "if_exists": if_exists,
             "action": action,
             "defined_by": "tenure.add_schedule",
-            "channel": channel_name(name),
+            "channel": channel("jobs", name),
         },
         doing=f"storing {len(defs)} schedules",
         size=len(defs),
@@ -348,7 +348,7 @@ def remove_schedules(target: Target, keys: Sequence[str], *, schema: str | None 
         target,
         name,
         "sched_remove",
-        {"keys": list(keys), "channel": channel_name(name)},
+        {"keys": list(keys), "channel": channel("jobs", name)},
         doing=f"removing {len(keys)} schedules",
         size=len(keys),
     )
@@ -416,7 +416,7 @@ def backfill_schedule(
         target,
         name,
         "sched_backfill",
-        {"job_key": key, "first": slots[0], "last": slots[-1], "channel": channel_name(name)},
+        {"job_key": key, "first": slots[0], "last": slots[-1], "channel": channel("jobs", name)},
         doing=f"backfilling {key!r}",
     )
     if not rows:
