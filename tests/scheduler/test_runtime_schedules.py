@@ -315,3 +315,96 @@ def test_jobs_list_pause_and_resume_work_on_runtime_schedules(
     resumed = resume(client, "once", channel=channel("jobs", schema))
     assert resumed is not None
     assert resumed.next_slot == dt.datetime(2099, 1, 1, tzinfo=dt.UTC)
+
+
+# -- the plan's rules for runtime schedules (pure: database times passed in) -----------------
+
+T0 = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+
+
+def _every(seconds: int, **options: Any) -> Any:
+    from tenure.scheduler.schedules import Schedule
+
+    base = Schedule.build("k", every=dt.timedelta(seconds=seconds))
+    return __import__("dataclasses").replace(base, **options)
+
+
+def _first(schedule: Any) -> dt.datetime:
+    return schedule.next_after(T0)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(("overlap", "runs"), [("skip", False), ("buffer_one", True)])
+def test_overlap_skips_or_buffers_the_slots_that_came_while_the_previous_run_held_the_job(
+    overlap: str, runs: bool
+) -> None:
+    from tenure.scheduler.schedules import JobState, Policy
+
+    s = _every(10)
+    first = _first(s)
+    # The previous run held the lease until 25 s after `first`: slots +10 and +20 came then.
+    state = JobState(first + dt.timedelta(seconds=10), freed_at=first + dt.timedelta(seconds=25))
+    decided = plan(s, Policy(overlap=overlap), state, first + dt.timedelta(seconds=26), 5)
+    if runs:
+        assert decided.run_slot == first + dt.timedelta(seconds=20)
+        [skip] = decided.skipped
+        assert (skip.slot, skip.count) == (first + dt.timedelta(seconds=10), 1)
+    else:
+        assert decided.run_slot is None
+        [skip] = decided.skipped
+        assert skip.count == 2 and "overlap='skip'" in skip.error
+    assert decided.next_slot == first + dt.timedelta(seconds=30)
+    # A slot after the lease ended is not an overlap: it runs under the misfire policy.
+    later = plan(s, Policy(overlap="skip"), state, first + dt.timedelta(seconds=31), 5)
+    assert later.run_slot == first + dt.timedelta(seconds=30)
+
+
+def test_max_runs_ends_the_schedule_after_its_last_run() -> None:
+    from tenure.scheduler.schedules import JobState, Policy
+
+    s = _every(10)
+    first = _first(s)
+    last = plan(s, Policy(max_runs=3), JobState(first, runs_started=2), first, 1)
+    assert last.run_slot == first and last.next_slot == NEVER
+    over = plan(s, Policy(max_runs=3), JobState(first, runs_started=3), first, 1)
+    assert over.run_slot is None and over.next_slot == NEVER
+
+
+def test_backfill_runs_its_slots_one_per_claim_then_ends() -> None:
+    from tenure.scheduler.schedules import JobState, Policy
+
+    s = _every(3600)
+    first = _first(s)
+    to = first + dt.timedelta(hours=1)
+    state = JobState(first + dt.timedelta(days=1), backfill_next=first, backfill_to=to)
+    one = plan(s, Policy(), state, first + dt.timedelta(hours=5), 1)
+    assert (one.run_slot, one.run_kind, one.backfill_next) == (first, "backfill", to)
+    state = JobState(first + dt.timedelta(days=1), backfill_next=to, backfill_to=to)
+    two = plan(s, Policy(), state, first + dt.timedelta(hours=5), 2)
+    assert (two.run_slot, two.backfill_from, two.backfill_next) == (to, to, None)
+    # A backfill run left unfinished is retried as a backfill run, its slot not "done".
+    crashed = JobState(
+        first + dt.timedelta(days=1), running_slot=to, running_kind="backfill", running_token=2
+    )
+    retry = plan(s, Policy(), crashed, first + dt.timedelta(hours=5), 3)
+    assert (retry.run_slot, retry.run_kind, retry.done_slot) == (to, "backfill", None)
+
+
+def test_jitter_is_stable_below_the_gap_and_bounds_apply() -> None:
+    s = _every(
+        60,
+        jitter_us=20_000_000,
+        starts_at=T0 + dt.timedelta(minutes=5),
+        ends_at=T0 + dt.timedelta(minutes=10),
+    )
+    slots = list(__import__("itertools").islice(s.iter_after(T0), 7))
+    assert slots[-1] == NEVER and slots[-2] == NEVER
+    real = [x for x in slots if x != NEVER]
+    assert len(real) == 5 and real == sorted(real)
+    assert all(
+        T0 + dt.timedelta(minutes=5) <= x < T0 + dt.timedelta(minutes=10, seconds=20) for x in real
+    )
+    assert real == [x for x in __import__("itertools").islice(s.iter_after(T0), 5)]
+    # Every worker computes the same jitter; each slot starts after its nominal instant.
+    nominal = _every(60).next_after(T0 + dt.timedelta(minutes=5) - dt.timedelta(microseconds=1))
+    assert dt.timedelta(0) <= real[0] - nominal < dt.timedelta(seconds=20)
+    assert s.next_after(real[0]) == real[1]

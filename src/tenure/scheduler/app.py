@@ -167,17 +167,7 @@ class Scheduler:
         if not callable(fn):
             raise InvalidArgument(f"task {name!r}: {fn!r} is not callable; decorate a function")
         _check_signature(name, fn)
-        if isolation not in ISOLATIONS:
-            raise InvalidArgument(
-                f"task {name!r}: isolation must be one of {', '.join(ISOLATIONS)}, got "
-                f"{isolation!r}"
-            )
-        why = importable(fn) if isolation == "process" else None
-        if why is not None:
-            raise InvalidArgument(
-                f"task {name!r}: isolation='process' imports the function in a child process, "
-                f"but {why}"
-            )
+        _check_isolation(f"task {name!r}", fn, isolation)
         spec = TaskSpec(name, fn, isolation)
         self._tasks[name] = spec
         return spec
@@ -285,16 +275,7 @@ class Scheduler:
                 f"job {key!r}: quarantine_after must be a positive integer (runs in a row that "
                 f"ended with their worker gone) or None for never, got {quarantine_after!r}"
             )
-        if isolation not in ISOLATIONS:
-            raise InvalidArgument(
-                f"job {key!r}: isolation must be one of {', '.join(ISOLATIONS)}, got {isolation!r}"
-            )
-        why = importable(fn) if isolation == "process" else None
-        if why is not None:
-            raise InvalidArgument(
-                f"job {key!r}: isolation='process' imports the function in a child process, "
-                f"but {why}"
-            )
+        _check_isolation(f"job {key!r}", fn, isolation)
         policy = Policy(misfire, grace, on_crash, quarantine_after)
         spec = JobSpec(key, fn, schedule, check_ttl(ttl), policy, isolation)
         self._jobs[key] = spec
@@ -415,6 +396,18 @@ def _check_signature(key: str, fn: Callable[..., Any]) -> None:
             f"job {key!r}: {getattr(fn, '__qualname__', fn)!r} must accept one argument, the "
             f"JobContext (its signature is {sig})"
         ) from None
+
+
+def _check_isolation(what: str, fn: Callable[..., Any], isolation: str) -> None:
+    if isolation not in ISOLATIONS:
+        raise InvalidArgument(
+            f"{what}: isolation must be one of {', '.join(ISOLATIONS)}, got {isolation!r}"
+        )
+    why = importable(fn) if isolation == "process" else None
+    if why is not None:
+        raise InvalidArgument(
+            f"{what}: isolation='process' imports the function in a child process, but {why}"
+        )
 
 
 def _check_name(name: str) -> str:

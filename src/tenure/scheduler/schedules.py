@@ -524,6 +524,17 @@ def plan(schedule: Schedule, policy: Policy, state: JobState, now: dt.datetime, 
         if state.running_kind not in unscheduled:
             done = state.running_slot
 
+    def made(**decided: Any) -> Plan:
+        """The plan, with what every plan of this claim carries (read when it is made)."""
+        return Plan(
+            done_slot=done,
+            skipped=tuple(skipped),
+            prior_token=prior_token,
+            prior_error=prior_error,
+            crash_streak=streak,
+            **decided,
+        )
+
     run_slot: dt.datetime | None = None
     next_slot: dt.datetime | None = None
     first = state.next_slot
@@ -618,53 +629,31 @@ def plan(schedule: Schedule, policy: Policy, state: JobState, now: dt.datetime, 
             elif state.runs_started + 1 >= policy.max_runs:
                 next_slot = NEVER  # this is the last run
         if run_slot is not None:
-            return Plan(
+            return made(
                 run_slot=run_slot,
                 run_kind="scheduled",
                 next_slot=next_slot,
-                done_slot=done,
-                skipped=tuple(skipped),
-                prior_token=prior_token,
-                prior_error=prior_error,
-                crash_streak=streak,
             )
 
     if state.backfill_next is not None:
         after = schedule.next_after(state.backfill_next)
         to = state.backfill_to
-        return Plan(
+        return made(
             run_slot=state.backfill_next,
             run_kind="backfill",
             next_slot=next_slot,
-            done_slot=done,
-            skipped=tuple(skipped),
-            prior_token=prior_token,
-            prior_error=prior_error,
-            crash_streak=streak,
             backfill_from=state.backfill_next,
             backfill_next=after if to is not None and after <= to else None,
         )
 
     if state.trigger_at is not None:
-        return Plan(
+        return made(
             run_slot=state.trigger_at,
             run_kind="manual",
             next_slot=next_slot,
-            done_slot=done,
             trigger_at=state.trigger_at,
-            skipped=tuple(skipped),
-            prior_token=prior_token,
-            prior_error=prior_error,
-            crash_streak=streak,
         )
-    return Plan(
-        next_slot=next_slot,
-        done_slot=done,
-        skipped=tuple(skipped),
-        prior_token=prior_token,
-        prior_error=prior_error,
-        crash_streak=streak,
-    )
+    return made(next_slot=next_slot)
 
 
 def _grace_text(policy: Policy) -> str:
