@@ -152,6 +152,8 @@ RENAMES: dict[str, str] = {
     "remove_schedule_async": "remove_schedule",
     "remove_schedules_async": "remove_schedules",
     "schedule_changes_async": "schedule_changes",
+    "pause_schedule_async": "pause_schedule",
+    "resume_schedule_async": "resume_schedule",
     "backfill_schedule_async": "backfill_schedule",
     "AsyncExecutor": "Executor",
     "aspawn": "spawn",

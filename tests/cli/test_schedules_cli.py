@@ -110,3 +110,18 @@ def test_backfill_refuses_a_future_range(env: dict[str, str]) -> None:
         env,
     )
     assert out.startswith("b: backfilling 5 slots")
+
+
+def test_pause_with_a_note_and_resume_are_recorded(env: dict[str, str]) -> None:
+    ok(["schedules", "add", "p", "--task", "t", "--every", "1h"], env)
+    assert ok(["schedules", "pause", "p", "--note", "customer asked, ticket 12"], env) == (
+        "p: paused\n"
+    )
+    shown = json.loads(ok(["schedules", "show", "p", "--json"], env))
+    assert shown["schedule"]["paused"] and shown["schedule"]["state"] == "paused"
+    assert shown["schedule"]["pause_note"] == "customer asked, ticket 12"
+    assert ok(["schedules", "resume", "p"], env).startswith("p: resumed; next slot ")
+    shown = json.loads(ok(["schedules", "show", "p", "--json"], env))
+    assert [c["action"] for c in shown["changes"]] == ["resume", "pause", "add"]
+    assert shown["changes"][1]["after"] == {"paused": True, "note": "customer asked, ticket 12"}
+    assert shown["schedule"]["pause_note"] is None

@@ -177,6 +177,46 @@ def schedules_remove(
     click.echo(f"{printable(key)}: removed")
 
 
+@schedules_group.command("pause", context_settings=CONTEXT)
+@db_options
+@click.argument("key")
+@click.option(
+    "--note",
+    default=None,
+    envvar="TENURE_SCHEDULE_NOTE",
+    show_envvar=True,
+    help="Why it is paused (shown by list and show, recorded with the change).",
+)
+@handle_errors
+def schedules_pause(
+    dsn: str | None, schema: str, log_level: str, log_format: str, key: str, note: str | None
+) -> None:
+    """Pause KEY on every worker, with a note: no run starts after this."""
+    import tenure
+
+    with _client(dsn, schema, log_level, log_format) as client:
+        was = tenure.pause_schedule(client, key, note=note)
+    click.echo(f"{printable(key)}: " + ("note changed (was paused)" if was else "paused"))
+
+
+@schedules_group.command("resume", context_settings=CONTEXT)
+@db_options
+@click.argument("key")
+@handle_errors
+def schedules_resume(
+    dsn: str | None, schema: str, log_level: str, log_format: str, key: str
+) -> None:
+    """Resume KEY from its next slot (slots that passed while paused are not run)."""
+    import tenure
+
+    with _client(dsn, schema, log_level, log_format) as client:
+        slot = tenure.resume_schedule(client, key)
+    if slot is None:
+        click.echo(f"{printable(key)}: was not paused (or has no slot left)")
+    else:
+        click.echo(f"{printable(key)}: resumed; next slot {slot.isoformat()}")
+
+
 @schedules_group.command("list", context_settings=CONTEXT)
 @db_options
 @click.option(

@@ -222,3 +222,53 @@ WITH old AS MATERIALIZED (
     FROM old AS o
 )
 SELECT c.job_key, pg_notify(%(channel)s, 'backfill')::text FROM changed AS c;
+
+-- name: sched_schedule_pause
+-- Pause a runtime schedule with an operator's note (or change the note of a paused one):
+-- no run starts after this commits (sched_start refuses a paused job); one going finishes.
+WITH old AS MATERIALIZED (
+    SELECT j.job_key, j.paused, j.pause_note FROM {schema}.scheduled_jobs AS j
+    WHERE j.job_key = %(job_key)s AND j.task IS NOT NULL
+    FOR UPDATE
+), changed AS (
+    UPDATE {schema}.scheduled_jobs AS j
+    SET paused = true, paused_at = CASE WHEN o.paused THEN j.paused_at ELSE clock_timestamp() END,
+        pause_note = %(note)s
+    FROM old AS o
+    WHERE j.job_key = o.job_key
+    RETURNING j.job_key
+), changes AS (
+    INSERT INTO {schema}.schedule_changes
+        (job_key, action, role, application_name, before, after)
+    SELECT o.job_key, 'pause', current_user, current_setting('application_name'),
+           jsonb_strip_nulls(jsonb_build_object('paused', o.paused, 'note', o.pause_note)),
+           jsonb_strip_nulls(jsonb_build_object('paused', true, 'note', %(note)s::text))
+    FROM old AS o
+)
+SELECT o.paused AS was_paused, pg_notify(%(channel)s, 'paused')::text FROM old AS o;
+
+-- name: sched_schedule_resume
+-- Resume a paused runtime schedule from %(next_slot)s (the first slot after now of revision
+-- %(revision)s, computed by the caller): slots that passed while it was paused are not run.
+WITH old AS MATERIALIZED (
+    SELECT j.job_key, j.pause_note FROM {schema}.scheduled_jobs AS j
+    WHERE j.job_key = %(job_key)s AND j.task IS NOT NULL AND j.paused
+      AND j.revision = %(revision)s
+    FOR UPDATE
+), changed AS (
+    UPDATE {schema}.scheduled_jobs AS j
+    SET paused = false, paused_at = NULL, pause_note = NULL,
+        next_slot = greatest(j.next_slot, %(next_slot)s),
+        quarantined_at = NULL, quarantine_reason = NULL, crash_streak = 0
+    FROM old AS o
+    WHERE j.job_key = o.job_key
+    RETURNING j.job_key, j.next_slot
+), changes AS (
+    INSERT INTO {schema}.schedule_changes
+        (job_key, action, role, application_name, before, after)
+    SELECT o.job_key, 'resume', current_user, current_setting('application_name'),
+           jsonb_strip_nulls(jsonb_build_object('paused', true, 'note', o.pause_note)),
+           jsonb_build_object('paused', false)
+    FROM old AS o
+)
+SELECT c.next_slot, pg_notify(%(channel)s, 'resumed')::text FROM changed AS c;

@@ -25,7 +25,7 @@ from ...db.channels import channel
 from ...db.queries import query
 from ...errors import InvalidArgument, ScheduleConflict, UnknownJob, mapped
 from ...leases._async.client import AsyncClient
-from ...validation import Duration, check_int, check_job_key, check_schema
+from ...validation import Duration, check_int, check_job_key, check_schema, check_text
 from ..definitions import (
     IF_EXISTS,
     ScheduleChange,
@@ -42,6 +42,8 @@ Target = AsyncClient | AsyncConnection[Any]
 
 #: Most schedules one list call returns.
 MAX_PAGE = 10_000
+#: Longest pause note.
+MAX_NOTE = 1000
 #: Most slots one backfill runs.
 MAX_BACKFILL = 100_000
 #: Seconds a bulk add may take per schedule (beyond the pool's 5 s): 100,000 in one call.
@@ -371,6 +373,59 @@ async def remove_schedules_async(
     return {key for key, outcome in rows if outcome == "removed"}
 
 
+async def pause_schedule_async(
+    target: Target, key: str, *, note: str | None = None, schema: str | None = None
+) -> bool:
+    """Pause runtime schedule ``key`` with ``note`` (why, for the next operator): no run
+    starts after this commits. Returns whether it was already paused (the note is replaced);
+    raises :class:`~tenure.UnknownJob` if there is no such schedule."""
+    name = _schema(target, schema)
+    check_job_key(key)
+    if note is not None:
+        note = check_text(note, what="note", max_chars=MAX_NOTE, blank_ok=True) or None
+    rows = await _run(
+        target,
+        name,
+        "sched_schedule_pause",
+        {"job_key": key, "note": note, "channel": channel("jobs", name)},
+        doing=f"pausing {key!r}",
+    )
+    if not rows:
+        raise UnknownJob(f"no runtime schedule {key!r} in schema {name!r}")
+    return bool(rows[0][0])
+
+
+async def resume_schedule_async(
+    target: Target, key: str, *, schema: str | None = None
+) -> dt.datetime | None:
+    """Resume paused runtime schedule ``key`` from its first slot after now (slots that
+    passed while it was paused are not run); returns that slot (None: it was not paused)."""
+    name = _schema(target, schema)
+    for _ in range(5):
+        current = await get_schedule_async(target, key, schema=name)
+        if current is None:
+            raise UnknownJob(f"no runtime schedule {key!r} in schema {name!r}")
+        if not current.paused:
+            return None
+        first = current.definition().schedule.next_after(await _now(target))
+        rows = await _run(
+            target,
+            name,
+            "sched_schedule_resume",
+            {
+                "job_key": key,
+                "next_slot": first,
+                "revision": current.revision,
+                "channel": channel("jobs", name),
+            },
+            doing=f"resuming {key!r}",
+        )
+        if rows:
+            slot: dt.datetime = rows[0][0]
+            return None if slot >= NEVER else slot
+    raise ScheduleConflict(f"schedule {key!r} keeps changing under this call; try again", {})
+
+
 async def schedule_changes_async(
     target: Target, key: str, *, limit: int = 50, schema: str | None = None
 ) -> list[ScheduleChange]:
@@ -449,9 +504,11 @@ __all__ = [
     "backfill_schedule_async",
     "get_schedule_async",
     "list_schedules_async",
+    "pause_schedule_async",
     "registered_tasks_async",
     "remove_schedule_async",
     "remove_schedules_async",
+    "resume_schedule_async",
     "schedule_changes_async",
     "update_schedule_async",
 ]

@@ -28,7 +28,7 @@ from ...db.channels import channel
 from ...db.queries import query
 from ...errors import InvalidArgument, ScheduleConflict, UnknownJob, mapped
 from ...leases._sync.client import Client
-from ...validation import Duration, check_int, check_job_key, check_schema
+from ...validation import Duration, check_int, check_job_key, check_schema, check_text
 from ..definitions import (
     IF_EXISTS,
     ScheduleChange,
@@ -43,6 +43,7 @@ from ..schedules import NEVER
 
 Target = Client | Connection[Any]
 MAX_PAGE = 10000
+MAX_NOTE = 1000
 MAX_BACKFILL = 100000
 SECONDS_PER_SCHEDULE = 0.0005
 
@@ -358,6 +359,57 @@ def remove_schedules(target: Target, keys: Sequence[str], *, schema: str | None 
     return {key for key, outcome in rows if outcome == "removed"}
 
 
+def pause_schedule(
+    target: Target, key: str, *, note: str | None = None, schema: str | None = None
+) -> bool:
+    """Pause runtime schedule ``key`` with ``note`` (why, for the next operator): no run
+    starts after this commits. Returns whether it was already paused (the note is replaced);
+    raises :class:`~tenure.UnknownJob` if there is no such schedule."""
+    name = _schema(target, schema)
+    check_job_key(key)
+    if note is not None:
+        note = check_text(note, what="note", max_chars=MAX_NOTE, blank_ok=True) or None
+    rows = _run(
+        target,
+        name,
+        "sched_schedule_pause",
+        {"job_key": key, "note": note, "channel": channel("jobs", name)},
+        doing=f"pausing {key!r}",
+    )
+    if not rows:
+        raise UnknownJob(f"no runtime schedule {key!r} in schema {name!r}")
+    return bool(rows[0][0])
+
+
+def resume_schedule(target: Target, key: str, *, schema: str | None = None) -> dt.datetime | None:
+    """Resume paused runtime schedule ``key`` from its first slot after now (slots that
+    passed while it was paused are not run); returns that slot (None: it was not paused)."""
+    name = _schema(target, schema)
+    for _ in range(5):
+        current = get_schedule(target, key, schema=name)
+        if current is None:
+            raise UnknownJob(f"no runtime schedule {key!r} in schema {name!r}")
+        if not current.paused:
+            return None
+        first = current.definition().schedule.next_after(_now(target))
+        rows = _run(
+            target,
+            name,
+            "sched_schedule_resume",
+            {
+                "job_key": key,
+                "next_slot": first,
+                "revision": current.revision,
+                "channel": channel("jobs", name),
+            },
+            doing=f"resuming {key!r}",
+        )
+        if rows:
+            slot: dt.datetime = rows[0][0]
+            return None if slot >= NEVER else slot
+    raise ScheduleConflict(f"schedule {key!r} keeps changing under this call; try again", {})
+
+
 def schedule_changes(
     target: Target, key: str, *, limit: int = 50, schema: str | None = None
 ) -> list[ScheduleChange]:
@@ -431,9 +483,11 @@ __all__ = [
     "backfill_schedule",
     "get_schedule",
     "list_schedules",
+    "pause_schedule",
     "registered_tasks",
     "remove_schedule",
     "remove_schedules",
+    "resume_schedule",
     "schedule_changes",
     "update_schedule",
 ]
