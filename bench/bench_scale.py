@@ -26,7 +26,7 @@ the slots in the window (after a warm-up):
 * ``dupes``: slots run twice. Anything but 0 is a failure: the script exits 1;
 * ``early``: runs whose start was recorded before their slot by the database clock (a job
   claimed ahead of its slot must still start at it). Anything but 0 is a failure too;
-* ``saturated``: the workers' "saturated" log lines (see ``tenure.scheduler.worker``).
+* ``saturated``: the workers' "saturated" log lines (see ``tenure.scheduler.saturation``).
 
 ``--compare REF`` runs every row twice, back to back: once with the workers importing tenure
 from ``git archive REF`` (side ``before``), once with this checkout (``after``, or

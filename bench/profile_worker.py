@@ -54,7 +54,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 import tenure
-from tenure.scheduler.worker import FIRE_AHEAD
+from tenure.scheduler.claimer import FIRE_AHEAD
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
@@ -263,7 +263,7 @@ def _fn(names: str, path: str) -> re.Pattern[str]:
 PHASES = (
     (
         "finish (sched_finish)",
-        _fn("_finish|_finish_batches|_record_finished|_ended", r"tenure/scheduler/worker\.py"),
+        _fn("finish|_finish_batches|_record_finished|_ended", r"tenure/scheduler/finisher\.py"),
     ),
     (
         "lease keeper (spawn, renew, stop)",
@@ -282,11 +282,11 @@ PHASES = (
         "plan (rows, cronsim, params)",
         re.compile(
             r"^(\w+\.)*(plan|from_row|start_params|_schedule|policy|differs_from|_report_skipped)"
-            r" \((.*/)?tenure/scheduler/(schedules|claim|worker)\.py:"
+            r" \((.*/)?tenure/scheduler/(schedules|claim|claimer|starter)\.py:"
         ),
     ),
-    ("start (sched_start)", _fn("_start", r"tenure/scheduler/worker\.py")),
-    ("claim (sched_claim)", _fn("_claim_loop", r"tenure/scheduler/worker\.py")),
+    ("start (sched_start)", _fn("_start_due|_send_start", r"tenure/scheduler/starter\.py")),
+    ("claim (sched_claim)", _fn("claim_loop", r"tenure/scheduler/claimer\.py")),
     ("run (execute, result)", _fn("execute|_run", r"tenure/scheduler/(execution|worker)\.py")),
     ("pool", re.compile(r"\((.*/)?psycopg_pool/")),
     ("listen/prune", re.compile(r"\((.*/)?tenure/scheduler/background\.py:")),
@@ -363,7 +363,13 @@ def claim_and_plan(
     the parameters of sched_start for the batch and of sched_finish for its first run."""
     from tenure.db.channels import channel
     from tenure.db.queries import queries
-    from tenure.scheduler.claim import Finished, claims_from_rows, finish_params, start_params
+    from tenure.scheduler.claim import (
+        Finished,
+        RunIdentity,
+        claims_from_rows,
+        finish_params,
+        start_params,
+    )
     from tenure.scheduler.schedules import plan, schedule_from_row
 
     params = {"limit": limit, "exclude": [], "app": APP, "ahead": FIRE_AHEAD}
@@ -387,9 +393,8 @@ def claim_and_plan(
     c, d = planned[0]
     assert d.run_slot is not None and d.run_kind is not None
     [(now,)] = conn.execute("SELECT clock_timestamp()").fetchall()
-    ended = Finished(
-        c.job_key, c.token, c.owner, d.run_slot, d.run_kind, d.attempt, now, True, "succeeded", None
-    )
+    ident = RunIdentity(c.job_key, c.token, c.owner, d.run_slot, d.run_kind, d.attempt, now)
+    ended = Finished(ident, True, "succeeded", None)
     finish = finish_params(
         [ended], channel=channel("jobs", SCHEMA), worker="profile", host="profile", pid=0
     )

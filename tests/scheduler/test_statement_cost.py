@@ -21,7 +21,7 @@ import tenure
 from tenure.db.channels import channel
 from tenure.db.queries import query as named_query
 from tenure.scheduler import jobs as ops
-from tenure.scheduler.claim import Finished, finish_params
+from tenure.scheduler.claim import Finished, RunIdentity, finish_params
 from tests.support.scheduler_apps import NEVER
 from tests.support.scheduler_support import InProcessWorker, claim_batch, prepare, query, wait_for
 
@@ -151,7 +151,12 @@ def test_a_small_finish_batch_reads_its_rows_by_index(dsn: str, schema: str) -> 
         query(dsn, schema, f"VACUUM ANALYZE {{schema}}.{table}")
     now = dt.datetime.now(dt.UTC)
     batch = [
-        Finished(f"job-{n}", n, uuid.uuid4(), now, "scheduled", 1, now, True, "succeeded", None)
+        Finished(
+            RunIdentity(f"job-{n}", n, uuid.uuid4(), now, "scheduled", 1, now),
+            True,
+            "succeeded",
+            None,
+        )
         for n in (1, 2, 3)
     ]
     params = finish_params(batch, channel=channel("jobs", schema), worker="w", host="h", pid=1)

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .rows import ClaimRow
 from .schedules import JobState, Plan, Policy, Schedule, schedule_of
 
 if TYPE_CHECKING:
@@ -49,85 +50,50 @@ class Claim:
     overlap: str | None = None
 
     @classmethod
-    def from_row(cls, row: Sequence[Any]) -> Claim:
-        (
-            key,
-            owner,
-            token,
-            until,
-            cron,
-            every,
-            tz,
-            ttl,
-            misfire,
-            grace,
-            on_crash,
-            revision,
-            next_slot,
-            done_slot,
-            running_slot,
-            running_kind,
-            running_token,
-            running_attempt,
-            trigger_at,
-            now,
-            _ready,
-            prior_gone,
-            crash_streak,
-            quarantine_after,
-            freed_at,
-            task,
-            args,
-            run_at,
-            starts_at,
-            ends_at,
-            jitter,
-            max_runs,
-            runs_started,
-            overlap,
-            backfill_next,
-            backfill_to,
-        ) = row
+    def from_rows(cls, lease: ClaimRow, job: ClaimRow) -> Claim:
+        """The claim of a lease taken and its job's row read (two rows of ``sched_claim``)."""
+        key, token = lease.job_key, lease.fencing_token
+        assert key is not None and token is not None  # a taken lease's row
         state = JobState(
-            next_slot,
-            done_slot,
-            running_slot,
-            running_kind,
-            running_token,
-            running_attempt,
-            trigger_at,
-            bool(prior_gone),
-            crash_streak,
-            runs_started or 0,
-            backfill_next,
-            backfill_to,
-            freed_at,
+            job.next_slot,
+            job.done_slot,
+            job.running_slot,
+            job.running_kind,
+            job.running_token,
+            job.running_attempt,
+            job.trigger_at,
+            bool(job.prior_gone),
+            job.crash_streak,
+            job.runs_started or 0,
+            job.backfill_next,
+            job.backfill_to,
+            job.freed_at,
         )
         return cls(
             key,
-            owner,
+            lease.lease_owner,
             token,
-            until,
-            cron,
-            every,
-            tz,
-            ttl,
-            misfire,
-            grace,
-            on_crash,
-            revision,
+            lease.lease_until,
+            job.cron,
+            job.every,
+            job.timezone,
+            job.ttl,
+            job.misfire,
+            job.misfire_grace,
+            job.on_crash,
+            job.revision,
             state,
-            now,
-            quarantine_after,
-            freed_at,
-            task,
-            args,
-            run_at,
-            starts_at,
-            ends_at,
-            jitter,
-            max_runs,
-            overlap,
+            job.now,
+            job.quarantine_after,
+            job.freed_at,
+            job.task,
+            job.args,
+            job.run_at,
+            job.starts_at,
+            job.ends_at,
+            job.jitter,
+            job.max_runs,
+            job.overlap,
         )
 
     @property
@@ -203,29 +169,25 @@ class Claim:
         return mine != theirs
 
 
-def claims_from_rows(
-    rows: Sequence[Sequence[Any]],
-) -> tuple[list[Claim], Sequence[Any]]:
+def claims_from_rows(rows: Sequence[ClaimRow]) -> tuple[list[Claim], ClaimRow]:
     """The claims in ``sched_claim``'s rows, in the order the jobs came due, and the summary
     row (job_key NULL: the database's now and when to look again). The statement returns each
     taken lease (token set) and each job row read (token NULL) as rows of their own; a job
     read but whose lease was not taken (its lease turned out live) is no claim."""
-    taken: dict[str, Sequence[Any]] = {}
-    read: list[Sequence[Any]] = []
-    summary: Sequence[Any] | None = None
+    taken: dict[str | None, ClaimRow] = {}
+    read: list[ClaimRow] = []
+    summary: ClaimRow | None = None
     for row in rows:
-        if row[0] is None:
+        if row.job_key is None:
             summary = row
-        elif row[2] is not None:
-            taken[row[0]] = row
+        elif row.fencing_token is not None:
+            taken[row.job_key] = row
         else:
             read.append(row)
     if summary is None:
         raise ValueError("sched_claim returned no summary row")
     claims = [
-        Claim.from_row((*lease[:4], *row[4:]))
-        for row in read
-        if (lease := taken.get(row[0])) is not None
+        Claim.from_rows(lease, row) for row in read if (lease := taken.get(row.job_key)) is not None
     ]
     return claims, summary
 
@@ -307,9 +269,10 @@ def start_params(
 
 
 @dataclass(frozen=True, slots=True)
-class InProgress:
-    """A run that started: what its history row holds besides its end (``sched_running``
-    writes it as 'running' for a run still going)."""
+class RunIdentity:
+    """Which run this is, built once when its start is recorded and carried by the run, its
+    'running' row (``sched_running``) and its end (``sched_finish``): everything its history
+    row holds besides how it ended."""
 
     job_key: str
     token: int
@@ -317,6 +280,7 @@ class InProgress:
     slot: dt.datetime
     kind: str
     attempt: int
+    #: The run's start as recorded (database time).
     started_at: dt.datetime
 
     def row(self) -> dict[str, Any]:
@@ -333,9 +297,10 @@ class InProgress:
 
 
 @dataclass(frozen=True, slots=True)
-class Finished(InProgress):
+class Finished:
     """One run's end, as ``sched_finish`` records it."""
 
+    ident: RunIdentity
     done: bool
     outcome: str
     error: str | None
@@ -348,7 +313,7 @@ def finish_params(
     run's end and what its history row needs, which the finish writes (migration 12)."""
     runs = []
     for f in finished:
-        row = f.row()
+        row = f.ident.row()
         row["done"] = f.done
         row["outcome"] = f.outcome
         row["error"] = _text(f.error)
@@ -364,7 +329,7 @@ def finish_params(
 
 
 def running_params(
-    runs: Sequence[InProgress], *, worker: str, host: str, pid: int
+    runs: Sequence[RunIdentity], *, worker: str, host: str, pid: int
 ) -> dict[str, Any]:
     """The parameters of ``sched_running`` (one JSON text)."""
     return {

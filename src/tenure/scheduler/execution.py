@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
+import contextvars
 import logging
 import os
 import queue
@@ -24,9 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .. import tracing
 from ..errors import LeaseLost, StaleTokenError
 from ..leases._async.lease import AsyncLease
-from .claim import Claim, run_fields
+from .claim import RunIdentity, run_fields
 from .context import JobContext
 from .isolation import ChildFailed, run_isolated
 from .spec import JobSpec
@@ -39,13 +40,10 @@ class Run:
     """A run in flight on this worker."""
 
     spec: JobSpec
-    claim: Claim
-    slot: dt.datetime
-    kind: str
+    ident: RunIdentity
     ctx: JobContext
     lease: AsyncLease
-    #: The run's start as recorded (database time), and when it was launched (monotonic).
-    started_at: dt.datetime
+    #: When it was launched (monotonic; its recorded start is ``ident.started_at``).
     launched: float
     task: asyncio.Task[None] | None = None
     body: asyncio.Future[Any] | None = None
@@ -85,16 +83,37 @@ def describe_error(exc: BaseException) -> str:
 
 async def execute(run: Run) -> tuple[str, str | None, float]:
     """Run the job body under its lease (renewed every ttl/3); returns its outcome, the error
-    (None on success) and how long it took. Never raises for what the body did."""
+    (None on success) and how long it took. Never raises for what the body did. With
+    OpenTelemetry, inside a ``tenure.run`` span that the body's own spans nest under."""
+    if not tracing.enabled():
+        return await _execute(run)
+    ident = run.ident
+    lateness = (ident.started_at - ident.slot).total_seconds()
+    with tracing.run_span(
+        ident.job_key, ident.token, ident.slot, ident.kind, ident.attempt, lateness
+    ) as span:
+        outcome, error, took = await _execute(run)
+        span.outcome(outcome, error)
+    return outcome, error, took
+
+
+async def _execute(run: Run) -> tuple[str, str | None, float]:
     loop = asyncio.get_running_loop()
-    key, token = run.claim.job_key, run.claim.token
+    key, token = run.ident.job_key, run.ident.token
     began = loop.time()
     outcome, error = "succeeded", None
     lease, ctx = run.lease, run.ctx
     keeper: asyncio.TimerHandle | None = None
     if log.isEnabledFor(logging.DEBUG):  # formatting the slot costs a run more than its no-op
-        extra = run_fields(key, token, run.slot)
+        extra = run_fields(key, token, run.ident.slot)
         log.debug("job %r slot %s starts with token %s", key, extra["slot"], token, extra=extra)
+    if lease.lost:
+        # The claim (or its start) was answered after the lease's local deadline, which
+        # counts from when the claim was sent: a request that stalled, e.g. on a primary
+        # being failed over. The body must not start on a lost lease: its fenced writes
+        # could still commit while the slot is retried as lost (two runs of one slot).
+        await lease.stop_keeping()
+        return "lease_lost", f"answered after the lease's local deadline: {lease.lost_reason}", 0.0
     try:
         if run.spec.isolation == "process":
             # The body runs in a child process; cancelling this future stops the child.
@@ -166,11 +185,14 @@ def _keep(lease: AsyncLease, body: asyncio.Future[Any], cancel_body: bool) -> No
 
 
 def _log_failure(run: Run, error: str, exc: BaseException) -> None:
-    extra = run_fields(run.claim.job_key, run.claim.token, run.slot)
-    log.warning(
+    ident = run.ident
+    extra = run_fields(ident.job_key, ident.token, ident.slot)
+    # ERROR, with the traceback: the level at which error trackers (Sentry's logging
+    # integration, for one) make an event of a line. A failed body is the team's to look at.
+    log.error(
         "job %r slot %s failed: %s",
-        run.claim.job_key,
-        run.slot.isoformat(),
+        ident.job_key,
+        ident.slot.isoformat(),
         error,
         # An isolated body's traceback went to the child's stderr; the worker's says nothing.
         exc_info=None if isinstance(exc, ChildFailed) else exc,
@@ -278,11 +300,15 @@ def in_thread(fn: Any, ctx: JobContext, name: str) -> asyncio.Future[Any]:
         else:
             future.set_exception(value)
 
+    # The caller's context (its current span, with OpenTelemetry) for the body: a reused
+    # thread would otherwise run it in whatever context the thread started with.
+    context = contextvars.copy_context() if tracing.enabled() else None
+
     def target() -> None:
         thread = threading.current_thread()
         thread.name = name
         try:
-            value = fn(ctx)
+            value = fn(ctx) if context is None else context.run(fn, ctx)
         except BaseException as exc:
             outcome: tuple[bool, Any] = (False, exc)
         else:
