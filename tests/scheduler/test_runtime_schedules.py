@@ -408,3 +408,30 @@ def test_jitter_is_stable_below_the_gap_and_bounds_apply() -> None:
     nominal = _every(60).next_after(T0 + dt.timedelta(minutes=5) - dt.timedelta(microseconds=1))
     assert dt.timedelta(0) <= real[0] - nominal < dt.timedelta(seconds=20)
     assert s.next_after(real[0]) == real[1]
+
+
+def test_a_task_no_worker_has_is_reported_once_not_retried_in_a_loop(
+    client: tenure.Client, dsn: str, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Added before any worker registered its tasks (so any app's worker may claim it), a
+    schedule of a task this worker lacks is logged once, given back and left alone, while
+    the worker's own task keeps running."""
+    from tests.support.scheduler_support import InProcessWorker, wait_for
+
+    tenure.add_schedule(client, "orphan", task="nobody.has.this", every="1s")
+    ran: list[int] = []
+    app = tenure.Scheduler(dsn, schema=schema, name="mine")
+    app.task("mine.tick")(lambda ctx: ran.append(ctx.token))
+    caplog.set_level("WARNING", logger="tenure")
+    with InProcessWorker(app):
+        wait_for(lambda: "task 'nobody.has.this'" in caplog.text, timeout=20, what="the report")
+        [(token,)] = query(
+            dsn, schema, "SELECT fencing_token FROM {schema}.job_leases WHERE job_key = 'orphan'"
+        )
+        tenure.add_schedule(client, "own", task="mine.tick", every="1s")
+        wait_for(lambda: len(ran) >= 3, timeout=20, what="three runs of the worker's own task")
+        [(after,)] = query(
+            dsn, schema, "SELECT fencing_token FROM {schema}.job_leases WHERE job_key = 'orphan'"
+        )
+    assert after == token  # claimed once, never again
+    assert caplog.text.count("task 'nobody.has.this'") == 1
