@@ -19,7 +19,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from ..db.executor import typed
 from ..db.rows import row_of
 from ..db.timeouts import CONNECTION_KWARGS
-from ..errors import DatabaseUnavailable
+from ..errors import DatabaseUnavailable, one_line
 from ..scheduler.schedules import schedule_from_row
 from .queries import ui_queries
 from .rows import JobDetailRow, JobsPageRow
@@ -370,7 +370,7 @@ class Reader:
                 yield conn
         except psycopg.OperationalError as exc:
             raise DatabaseUnavailable(
-                f"the dashboard could not read the database: {' '.join(str(exc).split())}"
+                f"the dashboard could not read the database: {one_line(str(exc))}"
             ) from exc
         except PoolTimeout as exc:
             raise DatabaseUnavailable(
