@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,18 @@ def test_no_statement_keeps_a_placeholder_but_the_schema() -> None:
     for package in ("tenure.db", "tenure.ui"):
         left = {n: _LEFT_BRACE.findall(body) for n, body in named(package).items()}
         assert {n: found for n, found in left.items() if found} == {}
+
+
+def test_the_takeover_is_written_once_and_used_by_acquire_and_the_claim() -> None:
+    folder = resources.files("tenure.db").joinpath("sql")
+    text = "".join(f.read_text("utf-8") for f in folder.iterdir() if f.name.endswith(".sql"))
+    assert text.count("pg_walfile_name(") == 1
+    assert text.count("fencing_token = greatest(l.fencing_token + 1") == 1
+    statements = named()
+    takeover = "fencing_token = greatest(l.fencing_token + 1, excluded.fencing_token)"
+    floor = "substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)"
+    for name in ("acquire", "sched_claim"):
+        assert takeover in statements[name] and floor in statements[name], name
 
 
 def test_the_dashboards_statements_come_through_the_same_loader() -> None:
