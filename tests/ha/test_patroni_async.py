@@ -9,13 +9,13 @@ from __future__ import annotations
 import pytest
 
 from .cluster import PatroniCluster
-from .faults import ALL, run_fault
+from .faults import ALL, EVERY, run_fault
 
 SYNCHRONOUS = False
 pytestmark = [pytest.mark.ha, pytest.mark.slow, pytest.mark.timeout(240)]
 
 CI_FAULTS = ["kill9", "partition"]
-FAULTS = ["kill9", "switchover", "failover", "partition"] if ALL else CI_FAULTS
+FAULTS = EVERY if ALL else CI_FAULTS
 
 
 @pytest.mark.parametrize("fault", FAULTS)
