@@ -423,8 +423,9 @@ listen rw
             timeout=timeout,
             check=False,
         )
-        # patronictl exits 0 when Patroni refuses a switchover or failover: read its answer.
-        if proc.returncode != 0 or " failed" in proc.stdout.lower():
+        # patronictl exits 0 when Patroni refuses a switchover or failover ("Switchover
+        # failed, details: 412, ..."): read its answer.
+        if proc.returncode != 0 or "failed, details" in proc.stdout:
             raise ClusterError(f"patronictl {' '.join(args)}: {proc.stderr or proc.stdout}")
         return proc.stdout
 

@@ -27,7 +27,7 @@ from .workload import Recovery, Workload
 
 WARM_UP_TIMEOUT = 60.0
 RECOVERY_TIMEOUT = 60.0
-STEADY = 3.0  # seconds of load before the fault and after the recovery
+STEADY = 2.0  # seconds of load before the fault and after the recovery
 ALL = os.environ.get("TENURE_HA_ALL", "") not in ("", "0")
 
 

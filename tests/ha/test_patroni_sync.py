@@ -27,7 +27,7 @@ def test_verify_checker_under_switchovers_and_crashes(cluster: PatroniCluster) -
     scheduler's claim path) and checker, its server restarts made Patroni switchovers and
     postmaster kills: with synchronous mode every invariant holds, acknowledged takeovers
     included (``acquire-lost``)."""
-    result = verify_with_patroni_faults(cluster, seconds=25)
+    result = verify_with_patroni_faults(cluster, seconds=15)
     text = result.text()
     print(text)
     assert result.violations == (), text

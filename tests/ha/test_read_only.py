@@ -1,7 +1,7 @@
 """A read-only server (a hot standby, or ``default_transaction_read_only``) is named as such,
 with what to do, instead of PostgreSQL's "cannot execute SELECT in a read-only transaction"
 (SQLSTATE 25006): the error a client pointed at a replica, or at an HA endpoint that still
-leads to a demoted primary, gets. tests/ha/test_standby.py runs the commands on a real
+leads to a demoted primary, gets. tests/ha/standby.py runs the commands on a real
 Patroni replica; this one needs only the shared server."""
 
 from __future__ import annotations

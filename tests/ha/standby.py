@@ -1,11 +1,13 @@
 """What works on a hot standby (a Patroni replica) and what needs the primary, for
 docs/scale.md's advice to move read-only views off the primary.
 
-A schema with a job, a lease, a result and an outbox message is written through HAProxy;
-once a replica has replayed it, each command runs with ``--dsn`` pointing at that replica.
-Read-only views must answer there; anything that writes must fail with tenure's one-line
-error saying the server is read-only and to connect to the primary (never a traceback), and
-exit 1; ``tenure doctor`` fails its server check, naming the standby.
+Run by ``test_patroni_async.py`` on its cluster (a cluster start per module is the HA
+tests' largest fixed cost). A schema with a job, a lease, a result and an outbox message is
+written through HAProxy; once a replica has replayed it, each command runs with ``--dsn``
+pointing at that replica. Read-only views must answer there; anything that writes must fail
+with tenure's one-line error saying the server is read-only and to connect to the primary
+(never a traceback), and exit 1; ``tenure doctor`` fails its server check, naming the
+standby.
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ import os
 import sys
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
-import pytest
 
 import tenure
 from tenure import outbox
@@ -24,8 +26,6 @@ from tests.support.env import run_tenure
 
 from .cluster import PatroniCluster
 from .workload import REPO
-
-pytestmark = [pytest.mark.ha, pytest.mark.slow, pytest.mark.timeout(240)]
 
 READS = [
     ["status"],
@@ -59,9 +59,8 @@ def _replayed(replica_dsn: str, primary_dsn: str) -> None:
         time.sleep(0.1)
 
 
-def test_read_only_views_work_on_a_standby_and_writes_say_why_not(
-    cluster: PatroniCluster,
-) -> None:
+def check_standby(cluster: PatroniCluster) -> None:
+    """The test (run in tests/ha/test_patroni_async.py, on that module's cluster)."""
     schema = f"ha_{uuid.uuid4().hex[:10]}"
     with tenure.connect(cluster.dsn, schema=schema, migrate=True) as client:
         lease = client.acquire("ha-standby", ttl=600)
@@ -78,10 +77,14 @@ def test_read_only_views_work_on_a_standby_and_writes_say_why_not(
         "PYTHONPATH": str(REPO),
     }
     env.pop("TENURE_TRACEBACK", None)
-    seen = {}
-    for args in [*READS, *WRITES, ["doctor"]]:
-        proc = run_tenure(args, env, input="{}")
-        seen[" ".join(args)] = (proc.returncode, proc.stdout[-2000:], proc.stderr[-500:])
+    commands = [*READS, *WRITES, ["doctor"]]
+    # At once: a command is a Python start (seconds each on a loaded machine), not a fault.
+    with ThreadPoolExecutor(len(commands)) as pool:
+        procs = list(pool.map(lambda args: run_tenure(args, env, input="{}"), commands))
+    seen = {
+        " ".join(args): (p.returncode, p.stdout, p.stderr)
+        for args, p in zip(commands, procs, strict=True)
+    }
     print("\n".join(f"{k}: {v}" for k, v in seen.items()), file=sys.stderr)
     for args in READS:
         rc, out, err = seen[" ".join(args)]
