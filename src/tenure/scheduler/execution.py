@@ -171,7 +171,9 @@ def _keep(lease: AsyncLease, body: asyncio.Future[Any], cancel_body: bool) -> No
 def _log_failure(run: Run, error: str, exc: BaseException) -> None:
     ident = run.ident
     extra = run_fields(ident.job_key, ident.token, ident.slot)
-    log.warning(
+    # ERROR, with the traceback: the level at which error trackers (Sentry's logging
+    # integration, for one) make an event of a line. A failed body is the team's to look at.
+    log.error(
         "job %r slot %s failed: %s",
         ident.job_key,
         ident.slot.isoformat(),
