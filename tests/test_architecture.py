@@ -20,7 +20,7 @@ PACKAGE = SRC / "tenure"
 #: facade, sits above everything and imports lazily).
 LAYERS: list[set[str]] = [
     {"tenure.errors"},
-    {"tenure.metrics", "tenure.validation", "tenure._compat", "tenure._acompat"},
+    {"tenure.metrics", "tenure.tracing", "tenure.validation", "tenure._compat", "tenure._acompat"},
     {"tenure.db"},
     {"tenure.leases"},
     {"tenure.exec", "tenure.outbox", "tenure.scheduler"},

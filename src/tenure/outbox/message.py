@@ -40,6 +40,8 @@ class Message:
     last_attempt_at: dt.datetime | None
     delivered_at: dt.datetime | None
     claimed_until: dt.datetime | None
+    #: The W3C trace context current when it was enqueued (with OpenTelemetry), else None.
+    traceparent: str | None = None
 
     @property
     def idempotency_key(self) -> str:
