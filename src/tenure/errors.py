@@ -269,6 +269,13 @@ def translate(exc: psycopg.Error, doing: str, *, wrote: bool = False) -> TenureE
                 sqlstate=state,
                 outcome_unknown=unknown,
             )
+        if state == "25006":
+            return DatabaseError(
+                f"{doing}: the server is read-only ({exc.diag.message_primary}): a hot standby, "
+                "or default_transaction_read_only; connect to the primary (with several hosts "
+                "in the DSN, add target_session_attrs=read-write)",
+                sqlstate=state,
+            )
         if state in _SCHEMA_STATES:
             return SchemaNotReady(
                 f"{doing}: tenure's schema is missing or outdated ({exc.diag.message_primary});"
