@@ -13,9 +13,10 @@ Each call: (1) names its slot by the database clock (``every``: the multiple of 
 the clock is in; ``cron``: the latest tick; either from ``early``, 2 s, before its time),
 the same rules as ``tenure exec --every``/``--slot``, and returns at once if that slot
 already completed; (2) takes the job's lease, or returns at once if another process holds
-it; (3) checks the slot again under the lease, runs the function while the lease is renewed in the background, and marks
-the slot done in a transaction fenced by the token. A call that does not run returns
-``None`` and emits a ``job_run`` metric event with outcome ``busy`` or ``already_done``.
+it; (3) checks the slot again under the lease, runs the function while the lease is renewed
+in the background, and marks the slot done in a transaction fenced by the token. A call that
+does not run returns ``None`` and emits a ``job_run`` metric event with outcome ``busy`` or
+``already_done``.
 
 A function that fails leaves its slot open: the next call in the same slot runs it again.
 If the lease is lost while the function runs, the call raises :class:`~tenure.LeaseLost`
