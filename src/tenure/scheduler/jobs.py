@@ -68,8 +68,9 @@ class JobStatus:
     quarantined_at: dt.datetime | None = None
     quarantined: str | None = None  # the reason, while quarantined
     app: str | None = None  # the app that owns the definition (None: not stamped yet)
-    #: No live worker of its app defines it (removed from the code; its app has live
-    #: workers): nothing runs it. ``tenure jobs remove`` deletes it.
+    task: str | None = None  # a runtime schedule's task (None: a coded job)
+    #: A coded job that no live worker of its app defines (removed from the code; its app
+    #: has live workers): nothing runs it. ``tenure jobs remove`` deletes it.
     undefined: bool = False
 
     @property
@@ -115,6 +116,7 @@ class JobStatus:
             "quarantined": self.quarantined,
             "quarantined_at": _iso(self.quarantined_at),
             "app": self.app,
+            "task": self.task,
             "state": self.state,
             "defined": not self.undefined,
         }
@@ -182,7 +184,16 @@ def list_jobs(client: Client) -> list[JobStatus]:
     return [
         JobStatus(
             r.job_key,
-            schedule_from_row(r.job_key, r.cron, r.every, r.timezone).describe(),
+            schedule_from_row(
+                r.job_key,
+                r.cron,
+                r.every,
+                r.timezone,
+                run_at=r.run_at,
+                starts_at=r.starts_at,
+                ends_at=r.ends_at,
+                jitter=r.jitter,
+            ).describe(),
             r.ttl,
             r.misfire,
             r.misfire_grace,
@@ -207,6 +218,7 @@ def list_jobs(client: Client) -> list[JobStatus]:
             r.quarantined_at,
             r.quarantine_reason,
             r.app,
+            r.task,
             r.job_key in undefined,
         )
         for r in rows
@@ -260,9 +272,16 @@ def resume(client: Client, job_key: str, *, channel: str) -> Resumed | None:
         )
         if not job.paused:
             return None
-        first = schedule_from_row(job.job_key, job.cron, job.every, job.timezone).next_after(
-            job.now
-        )
+        first = schedule_from_row(
+            job.job_key,
+            job.cron,
+            job.every,
+            job.timezone,
+            run_at=job.run_at,
+            starts_at=job.starts_at,
+            ends_at=job.ends_at,
+            jitter=job.jitter,
+        ).next_after(job.now)
         resumed = client.fetch_one(
             "sched_resume",
             {"job_key": job_key, "next_slot": first, "revision": job.revision, "channel": channel},
@@ -344,6 +363,11 @@ def remove(client: Client, job_key: str, *, channel: str) -> Removed:
     )
     if r.removed:
         return Removed(r.app, r.token)
+    if r.task is not None:
+        raise JobStillDefined(
+            f"job {job_key!r} is a runtime schedule (task {r.task!r}), not a job of the code: "
+            "remove it with `tenure schedules remove`"
+        )
     if r.definers:
         raise JobStillDefined(
             f"job {job_key!r} is still defined by live workers of app {r.app!r}: {r.definers}; "
