@@ -351,7 +351,7 @@ def remove(client: Client, job_key: str, *, channel: str) -> Removed:
     check_job_key(job_key)
     r = _require(
         client.fetch_sized(
-            "sched_remove",
+            "sched_remove_job",
             {"job_key": job_key, "channel": channel},
             doing=f"removing {job_key!r}",
             seconds=5.0,

@@ -217,7 +217,7 @@ class UndefinedRow(NamedTuple):
     job_key: str
 
 
-@row_of("sched_remove")
+@row_of("sched_remove_job")
 class RemovedRow(NamedTuple):
     """``tenure jobs remove``'s answer: whether the definition was deleted, else who still
     defines it (``definers``) or until when its lease is live; the key's token floor."""

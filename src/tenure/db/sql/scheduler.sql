@@ -719,7 +719,7 @@ WHERE j.task IS NULL AND j.app IN (SELECT app FROM live)
   AND NOT EXISTS (SELECT 1 FROM live WHERE live.app = j.app AND live.job_key = j.job_key)
 ORDER BY j.job_key;
 
--- name: sched_remove
+-- name: sched_remove_job
 -- `tenure jobs remove KEY`: delete a coded job's definition (a runtime schedule, task set, is
 -- removed by `tenure schedules remove`, which records the change), refused while a live worker of its
 -- app defines it (it would register it again, or run it without a row) or while its lease is
