@@ -346,6 +346,70 @@ def test_result_put_inside_exec_is_strict_once_a_successor_took_over(
     assert code == 0, err  # the command's own code: exec noticed nothing (no renewal yet)
 
 
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        "",
+        '--key "$TENURE_JOB_KEY" --token "$TENURE_FENCING_TOKEN"',
+        '--token "$TENURE_FENCING_TOKEN"',
+        '--token="$TENURE_FENCING_TOKEN" --key="$TENURE_JOB_KEY"',
+    ],
+    ids=["flagless", "key-and-token", "token-only", "equals-form"],
+)
+def test_paused_holder_write_inside_exec_is_strict_however_the_token_is_passed(
+    env: dict[str, str],
+    client: tenure.Client,
+    tmp_path: Path,
+    reap: list[subprocess.Popen[str]],
+    groups: list[Path],
+    spelling: str,
+) -> None:
+    """Issue 31: `tenure exec` and its command are frozen (SIGSTOP) past the TTL and a
+    successor takes over without writing anything. Resumed, the command's `tenure result
+    put` is refused whether it relies on $TENURE_JOB_KEY/$TENURE_FENCING_TOKEN or passes the
+    same values as options; only an explicit `--no-strict` asks for the seed's rule (which
+    accepts it: no newer token has written). Failed before the fix for the spelled-out
+    forms: `stored with token 1`, exit 0."""
+    d = tmp_path
+    pidfile = d / "pid"
+    groups.append(pidfile)
+    script = (
+        "trap '' TERM; "  # it does try to write, after exec's SIGTERM too
+        f"echo $$ > {pidfile}; "
+        f"while [ ! -e {d}/go ]; do sleep 0.05; done; "
+        f"""echo '{{"by": "old"}}' | {PY} -m tenure result put {spelling} > {d}/strict 2>&1; """
+        f"echo $? > {d}/strict_rc; "
+        f"""echo '{{"by": "old"}}' | {PY} -m tenure result put {spelling} --no-strict """
+        f"> {d}/seed 2>&1; echo $? > {d}/seed_rc"
+    )
+    proc = _exec(["--key", "job", "--ttl", "1s", "--grace", "60s", "--", "sh", "-c", script], env)
+    reap.append(proc)
+    _wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), "the command", proc=proc)
+    group = int(pidfile.read_text())
+    os.kill(proc.pid, signal.SIGSTOP)
+    os.killpg(group, signal.SIGSTOP)
+
+    def expired() -> bool:
+        info = client.inspect("job")
+        return info is not None and not info.held
+
+    _wait_for(expired, "the frozen holder's lease to expire by the database clock")
+    successor = client.acquire("job", ttl=300)  # takes over, writes nothing
+    assert successor is not None and successor.token == 2
+    (d / "go").touch()
+    os.killpg(group, signal.SIGCONT)
+    os.kill(proc.pid, signal.SIGCONT)
+    _wait_for((d / "seed_rc").exists, "the command's writes", timeout=PATIENCE * 2)
+    strict = (d / "strict").read_text()
+    assert (d / "strict_rc").read_text().strip() == "1", strict
+    assert "stale fencing token" in strict and "token 1 rejected" in strict, strict
+    assert (d / "seed_rc").read_text().strip() == "0", (d / "seed").read_text()
+    stored = client.results.get("job")
+    assert stored is not None and stored.token == 1  # accepted only under the seed's rule
+    code, _, err = _finish(proc, timeout=PATIENCE * 3)
+    assert code == 75, err
+
+
 # -- lease lost while the command runs ----------------------------------------------------------
 
 
