@@ -346,23 +346,21 @@ def test_result_put_inside_exec_is_strict_once_a_successor_took_over(
     assert code == 0, err  # the command's own code: exec noticed nothing (no renewal yet)
 
 
-@pytest.mark.parametrize(
-    "spelling",
-    [
-        "",
-        '--key "$TENURE_JOB_KEY" --token "$TENURE_FENCING_TOKEN"',
-        '--token "$TENURE_FENCING_TOKEN"',
-        '--token="$TENURE_FENCING_TOKEN" --key="$TENURE_JOB_KEY"',
-    ],
-    ids=["flagless", "key-and-token", "token-only", "equals-form"],
-)
+#: How a script may pass the enclosing exec's key and token to `tenure result put`.
+SPELLINGS = {
+    "flagless": "",
+    "key-and-token": '--key "$TENURE_JOB_KEY" --token "$TENURE_FENCING_TOKEN"',
+    "token-only": '--token "$TENURE_FENCING_TOKEN"',
+    "equals-form": '--token="$TENURE_FENCING_TOKEN" --key="$TENURE_JOB_KEY"',
+}
+
+
 def test_paused_holder_write_inside_exec_is_strict_however_the_token_is_passed(
     env: dict[str, str],
     client: tenure.Client,
     tmp_path: Path,
     reap: list[subprocess.Popen[str]],
     groups: list[Path],
-    spelling: str,
 ) -> None:
     """Issue 31: `tenure exec` and its command are frozen (SIGSTOP) past the TTL and a
     successor takes over without writing anything. Resumed, the command's `tenure result
@@ -373,14 +371,17 @@ def test_paused_holder_write_inside_exec_is_strict_however_the_token_is_passed(
     d = tmp_path
     pidfile = d / "pid"
     groups.append(pidfile)
+    put = f"""echo '{{"by": "old"}}' | {PY} -m tenure result put"""
+    writes = "".join(
+        f"{put} {spelling} > {d}/{name} 2>&1; echo $? > {d}/{name}_rc; "
+        for name, spelling in SPELLINGS.items()
+    )
     script = (
         "trap '' TERM; "  # it does try to write, after exec's SIGTERM too
         f"echo $$ > {pidfile}; "
         f"while [ ! -e {d}/go ]; do sleep 0.05; done; "
-        f"""echo '{{"by": "old"}}' | {PY} -m tenure result put {spelling} > {d}/strict 2>&1; """
-        f"echo $? > {d}/strict_rc; "
-        f"""echo '{{"by": "old"}}' | {PY} -m tenure result put {spelling} --no-strict """
-        f"> {d}/seed 2>&1; echo $? > {d}/seed_rc"
+        f"{writes}"
+        f"{put} {SPELLINGS['key-and-token']} --no-strict > {d}/seed 2>&1; echo $? > {d}/seed_rc"
     )
     proc = _exec(["--key", "job", "--ttl", "1s", "--grace", "60s", "--", "sh", "-c", script], env)
     reap.append(proc)
@@ -400,15 +401,15 @@ def test_paused_holder_write_inside_exec_is_strict_however_the_token_is_passed(
     os.killpg(group, signal.SIGCONT)
     os.kill(proc.pid, signal.SIGCONT)
     _wait_for((d / "seed_rc").exists, "the command's writes", timeout=PATIENCE * 2)
-    strict = (d / "strict").read_text()
-    assert (d / "strict_rc").read_text().strip() == "1", strict
-    assert "stale fencing token" in strict and "token 1 rejected" in strict, strict
+    for name in SPELLINGS:
+        said = (d / name).read_text()
+        assert (d / f"{name}_rc").read_text().strip() == "1", (name, said)
+        assert "stale fencing token" in said and "token 1 rejected" in said, (name, said)
     assert (d / "seed_rc").read_text().strip() == "0", (d / "seed").read_text()
     stored = client.results.get("job")
     assert stored is not None and stored.token == 1  # accepted only under the seed's rule
     code, _, err = _finish(proc, timeout=PATIENCE * 3)
     assert code == 75, err
-
 
 # -- lease lost while the command runs ----------------------------------------------------------
 
@@ -522,6 +523,75 @@ def test_sigterm_is_forwarded_and_the_lease_released(
     code, _, err = _finish(proc)
     assert code == 42, err
     assert (tmp_path / "term").read_text().strip() == "got-term"
+    info = client.inspect("job")
+    assert info is not None and not info.held
+
+
+def _stubborn(tmp_path: Path, pidfile: Path) -> str:
+    """A command that notes every SIGTERM and SIGINT and keeps running."""
+    return (
+        f"trap 'echo term >> {tmp_path}/seen' TERM; trap 'echo int >> {tmp_path}/seen' INT; "
+        f"echo $$ > {pidfile}; while :; do sleep 0.05; done"
+    )
+
+
+def test_forwarded_sigterm_not_obeyed_ends_in_sigkill_after_grace(
+    env: dict[str, str],
+    client: tenure.Client,
+    tmp_path: Path,
+    reap: list[subprocess.Popen[str]],
+    groups: list[Path],
+) -> None:
+    """Issue 31: a command that ignores the SIGTERM `tenure exec` passed on gets SIGKILL
+    (its whole group) after --grace, and the lease is released. Before the fix it ran on,
+    its lease renewed, until this test's timeout."""
+    pidfile = tmp_path / "pid"
+    groups.append(pidfile)
+    proc = _exec(
+        ["--key", "job", "--grace", "1s", "--", "sh", "-c", _stubborn(tmp_path, pidfile)], env
+    )
+    reap.append(proc)
+    _wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), "the command", proc=proc)
+    pid = int(pidfile.read_text())
+    proc.send_signal(signal.SIGTERM)
+    _wait_for((tmp_path / "seen").exists, "the command to see SIGTERM", proc=proc)
+    # Generous: the SIGKILL is due 1 s after the SIGTERM; the wait only bounds a hang.
+    code, _, err = _finish(proc, timeout=PATIENCE * 3)
+    assert code == 128 + signal.SIGKILL, err
+    assert "SIGKILL" in err and "--grace" in err and "Traceback" not in err, err
+    assert not _alive(pid)
+    assert (tmp_path / "seen").read_text().split()[0] == "term"
+    info = client.inspect("job")
+    assert info is not None and not info.held
+
+
+@pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
+def test_second_signal_sigkills_a_command_that_ignored_the_first(
+    env: dict[str, str],
+    client: tenure.Client,
+    tmp_path: Path,
+    reap: list[subprocess.Popen[str]],
+    groups: list[Path],
+    second: signal.Signals,
+) -> None:
+    """Issue 31: once a SIGTERM was passed on, a second SIGTERM or SIGINT to `tenure exec`
+    SIGKILLs the command's group at once: with a --grace of an hour, only that can end it
+    before this test's timeout."""
+    pidfile = tmp_path / "pid"
+    groups.append(pidfile)
+    proc = _exec(
+        ["--key", "job", "--grace", "1h", "--", "sh", "-c", _stubborn(tmp_path, pidfile)], env
+    )
+    reap.append(proc)
+    _wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), "the command", proc=proc)
+    pid = int(pidfile.read_text())
+    proc.send_signal(signal.SIGTERM)
+    _wait_for((tmp_path / "seen").exists, "the command to see SIGTERM", proc=proc)
+    proc.send_signal(second)
+    code, _, err = _finish(proc, timeout=PATIENCE * 3)
+    assert code == 128 + signal.SIGKILL, err
+    assert "SIGKILL" in err and second.name in err and "Traceback" not in err, err
+    assert not _alive(pid)
     info = client.inspect("job")
     assert info is not None and not info.held
 

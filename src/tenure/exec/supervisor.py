@@ -1,9 +1,11 @@
 """The command's process group under ``tenure exec``: started in its own session, signals
-passed on, stopped (SIGTERM, then SIGKILL after the grace) when the lease is lost."""
+passed on, stopped (SIGTERM, then SIGKILL after the grace) when the lease is lost or when a
+stop signal passed on is not obeyed."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -26,6 +28,10 @@ FORWARDED = (
     signal.SIGUSR1,
     signal.SIGUSR2,
 )
+#: Forwarded signals that ask the command to stop: the first is passed on and the group gets
+#: SIGKILL after the grace period unless the command has exited; a second one SIGKILLs the
+#: group at once. (SIGHUP, SIGUSR1 and SIGUSR2 are only passed on: daemons reload on them.)
+STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 
 
 class Interrupted(BaseException):
@@ -62,6 +68,9 @@ class Supervisor:
         self._pending: list[int] = []
         self._killer: threading.Timer | None = None
         self._saved: dict[int, Any] = {}
+        #: Why tenure SIGKILLed the group after a stop signal it passed on (for a message).
+        self.killed: str | None = None
+        self._stop_signal: int | None = None  # the first stop signal passed on
 
     # -- start ---------------------------------------------------------------------------
 
@@ -93,7 +102,7 @@ class Supervisor:
                 self._spawning = False
             pending, self._pending = self._pending, []
         for signum in pending:
-            self.signal_group(signum)
+            self._deliver(signum)
         return True
 
     # -- signals -------------------------------------------------------------------------
@@ -120,7 +129,46 @@ class Supervisor:
                 return
         # Once the command has been reaped this does nothing: tenure finishes releasing
         # the lease (briefly) rather than dying half-way.
-        self.signal_group(signum)
+        self._deliver(signum)
+
+    def _deliver(self, signum: int) -> None:
+        """Pass ``signum`` on. A stop signal is obeyed within the grace period or ends in
+        SIGKILL; a second one while the command is being stopped (by a signal or a lost
+        lease) is SIGKILL at once: a command that ignores SIGTERM must not outlive tenure's
+        supervision, nor hold the lease for ever."""
+        with self._lock:
+            if signum not in STOPPING or self.pid is None or self._reaping:
+                self.signal_group(signum)
+                return
+            if self._stop_signal is not None or self.lost_reason is not None:
+                first = signal.Signals(self._stop_signal or signal.SIGTERM).name
+                self.killed = (
+                    f"{signal.Signals(signum).name} while the command was being stopped "
+                    f"(after {first}): SIGKILL to its process group at once"
+                )
+                self.signal_group(signal.SIGKILL)
+                return
+            self._stop_signal = signum
+            self.signal_group(signum)
+            self._arm_killer(self._kill_ignored_stop)
+
+    def _kill_ignored_stop(self) -> None:
+        with self._lock:
+            if self.pid is None or self._reaping:
+                return
+            name = signal.Signals(self._stop_signal or signal.SIGTERM).name
+            self.killed = (
+                f"the command did not exit within --grace {self.grace:g}s of {name}: "
+                "SIGKILL to its process group"
+            )
+            self.signal_group(signal.SIGKILL)
+
+    def _arm_killer(self, kill: Any) -> None:
+        if self._killer is not None:
+            return  # already stopping: the earlier deadline stands
+        self._killer = threading.Timer(self.grace, kill)
+        self._killer.daemon = True
+        self._killer.start()
 
     def signal_group(self, signum: int) -> None:
         """Send ``signum`` to the command's group, unless it has been reaped."""
@@ -152,9 +200,7 @@ class Supervisor:
                 extra={"job": self.job_key, "token": self.token},
             )
             self.signal_group(signal.SIGTERM)
-            self._killer = threading.Timer(self.grace, self.signal_group, (signal.SIGKILL,))
-            self._killer.daemon = True
-            self._killer.start()
+            self._arm_killer(functools.partial(self.signal_group, signal.SIGKILL))
 
     # -- end -----------------------------------------------------------------------------
 
