@@ -361,10 +361,10 @@ def claim_and_plan(
 ) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """Claim up to ``limit`` due jobs on ``conn`` and plan them with the worker's own code:
     the parameters of sched_start for the batch and of sched_finish for its first run."""
+    from tenure.db.channels import channel
     from tenure.db.queries import queries
     from tenure.scheduler.claim import Finished, claims_from_rows, finish_params, start_params
-    from tenure.scheduler.jobs import channel_name, schedule_from_row
-    from tenure.scheduler.schedules import plan
+    from tenure.scheduler.schedules import plan, schedule_from_row
 
     params = {"limit": limit, "exclude": [], "app": APP, "ahead": FIRE_AHEAD}
     rows = conn.execute(queries(SCHEMA)["sched_claim"], params)
@@ -391,7 +391,7 @@ def claim_and_plan(
         c.job_key, c.token, c.owner, d.run_slot, d.run_kind, d.attempt, now, True, "succeeded", None
     )
     finish = finish_params(
-        [ended], channel=channel_name(SCHEMA), worker="profile", host="profile", pid=0
+        [ended], channel=channel("jobs", SCHEMA), worker="profile", host="profile", pid=0
     )
     return start_params(planned, worker="profile", host="profile", pid=0), finish
 

@@ -28,17 +28,30 @@ class TenureError(Exception):
         super().__init__(*args)
 
 
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+# Bidirectional overrides and isolates: they reorder what follows them on screen (U+202E
+# shows "exe.txt" as "txt.exe"), in a terminal, a log viewer or a browser alike.
+_BIDI = {*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F, 0x061C}
+
+
 def printable(text: str) -> str:
-    """``text`` with control characters and line separators escaped as in a repr."""
+    """``text`` with control characters, line separators and bidirectional controls shown as
+    escapes (``\\n``, ``\\x1b``, ``\\u202e``): the one rule for error messages, the CLI's
+    tables and the dashboard's pages."""
     if text.isprintable():
         return text
     return "".join(_escape(ch) for ch in text)
 
 
 def _escape(ch: str) -> str:
-    if ch.isprintable() or ch == " " or unicodedata.category(ch) not in ("Cc", "Zl", "Zp"):
-        return ch
-    return repr(ch)[1:-1]  # '\n', '\x1b', '\u2028'
+    code = ord(ch)
+    if ch in _NAMED:
+        return _NAMED[ch]
+    if code < 0x20 or 0x7F <= code < 0xA0:
+        return f"\\x{code:02x}"
+    if code in _BIDI or unicodedata.category(ch) in ("Zl", "Zp"):
+        return f"\\u{code:04x}"
+    return ch
 
 
 class InvalidArgument(TenureError, ValueError):

@@ -141,9 +141,9 @@ def test_schema_with_percent_and_quotes_works_everywhere(dsn: str, name: str) ->
 def _notified_on_channels(dsn: str, schema: str) -> None:
     """The outbox's and the scheduler's LISTEN/NOTIFY channels work for this schema: LISTEN
     as the relay and the worker do, then an enqueue and a pause notify them."""
-    from tenure.scheduler.jobs import channel_name
+    from tenure.db.channels import channel
 
-    channels = {tenure.outbox.channel(schema), channel_name(schema)}
+    channels = {tenure.outbox.channel(schema), channel("jobs", schema)}
     assert all(len(c.encode()) <= 63 for c in channels), channels
     with psycopg.connect(dsn, autocommit=True) as listener:
         for name in channels:

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 import tenure
-from tenure.scheduler.jobs import channel_name, pause
+from tenure.db.channels import channel
+from tenure.scheduler.jobs import pause
 from tests.support.env import run_tenure, tenure_env
 from tests.support.scheduler_support import InProcessWorker, query, wait_for
 
@@ -97,7 +98,7 @@ def ran(dsn: str, schema: str, client: tenure.Client) -> dict[str, list[tuple[An
     app = build_app(dsn, schema)
     env = tenure_env(dsn, schema)
     with InProcessWorker(app):
-        pause(client, "st-paused", channel=channel_name(schema))
+        pause(client, "st-paused", channel=channel("jobs", schema))
         for key in ("st-lost", "st-stale"):
             done = run_tenure(["jobs", "trigger", key], env)
             assert done.returncode == 0, done.stderr

@@ -18,8 +18,7 @@ import pytest
 import tenure
 from tenure.scheduler import worker as worker_module
 from tenure.scheduler.claim import Claim
-from tenure.scheduler.jobs import schedule_from_row
-from tenure.scheduler.schedules import JobState, plan
+from tenure.scheduler.schedules import JobState, plan, schedule_from_row
 from tests.support.scheduler_support import (
     InProcessWorker,
     claim_batch,

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 import tenure
+from tenure.db.channels import channel
 from tests.support.env import ROOT, tenure_env
 from tests.support.scheduler_support import WorkerProcess, claim_batch, prepare, query
 
@@ -132,7 +133,7 @@ def test_register_refuses_another_apps_job_writing_nothing_and_adopt_takes_it(
     with tenure.connect(dsn, schema=schema) as client:
         from tenure.scheduler import jobs as ops
 
-        ops.trigger(client, "k", channel=ops.channel_name(schema))
+        ops.trigger(client, "k", channel=channel("jobs", schema))
 
         def claim(app: str) -> list[str]:
             return [c.job_key for c in claim_batch(client, app=app, exclude=["b-only"])[0]]

@@ -10,6 +10,7 @@ import gc
 import threading
 
 import tenure
+from tenure.db.channels import channel
 from tenure.scheduler import jobs as ops
 from tests.support.scheduler_apps import NEVER
 from tests.support.scheduler_support import InProcessWorker, prepare, wait_for
@@ -39,7 +40,7 @@ def test_finished_runs_leave_no_reference_cycles(dsn: str, schema: str) -> None:
         try:
             for key in ("sync-job", "async-job") * 3:
                 done.clear()
-                ops.trigger(client, key, channel=ops.channel_name(schema))
+                ops.trigger(client, key, channel=channel("jobs", schema))
                 assert done.wait(10)
                 wait_for(
                     lambda key=key: (

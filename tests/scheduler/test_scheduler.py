@@ -24,6 +24,7 @@ from psycopg import sql
 
 import tenure
 from tenure import metrics
+from tenure.db.channels import channel
 from tenure.scheduler import jobs as ops
 from tenure.scheduler.background import prune_once
 from tenure.scheduler.schedules import Schedule
@@ -312,7 +313,7 @@ def test_async_job_is_cancelled_when_its_lease_is_lost_and_the_slot_retried(
                 seen.append(str(exc))
 
     with tenure.connect(dsn, schema=schema) as client, InProcessWorker(app):
-        ops.trigger(client, "async-job", channel=ops.channel_name(schema))
+        ops.trigger(client, "async-job", channel=channel("jobs", schema))
         assert started.wait(10)
         assert client.release("async-job") is not None  # an operator expires the lease
         wait_for(
@@ -352,7 +353,7 @@ def test_sync_job_sees_check_raise_and_cancelled_when_its_lease_is_lost(
             raise
 
     with tenure.connect(dsn, schema=schema) as client, InProcessWorker(app):
-        ops.trigger(client, "sync-job", channel=ops.channel_name(schema))
+        ops.trigger(client, "sync-job", channel=channel("jobs", schema))
         assert started.wait(10)
         client.release("sync-job")
         wait_for(

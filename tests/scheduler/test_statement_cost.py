@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 import tenure
+from tenure.db.channels import channel
 from tenure.db.queries import query as named_query
 from tenure.scheduler import jobs as ops
 from tenure.scheduler.claim import Finished, finish_params
@@ -55,7 +56,7 @@ def test_a_running_job_is_due_at_the_end_of_its_lease_term_not_at_once(
         release.wait(20)
 
     with tenure.connect(dsn, schema=schema) as client, InProcessWorker(app):
-        ops.trigger(client, "held", channel=ops.channel_name(schema))
+        ops.trigger(client, "held", channel=channel("jobs", schema))
         text, passed, after_start, is_next_slot, _slot = wait_for(
             lambda: (row := due(dsn, schema, "held"))[2] is not None and row,
             timeout=10,
@@ -88,7 +89,7 @@ def test_a_run_whose_worker_stops_it_is_due_again_at_once(dsn: str, schema: str)
 
     with tenure.connect(dsn, schema=schema) as client:
         with InProcessWorker(app, shutdown_grace=0.2):
-            ops.trigger(client, "cancelled", channel=ops.channel_name(schema))
+            ops.trigger(client, "cancelled", channel=channel("jobs", schema))
             assert started.wait(10)
         text, passed, _after_start, _is_next_slot, running_slot = due(dsn, schema, "cancelled")
     assert running_slot is not None  # kept, so that the slot is retried
@@ -101,7 +102,7 @@ def test_start_and_finish_are_never_prepared(dsn: str, schema: str) -> None:
     prepare(dsn, schema)
     with tenure.connect(dsn, schema=schema, pool_size=1) as client:
         where: dict[str, Any] = {
-            "channel": ops.channel_name(schema),
+            "channel": channel("jobs", schema),
             "worker": "w",
             "host": "h",
             "pid": 1,
@@ -153,7 +154,7 @@ def test_a_small_finish_batch_reads_its_rows_by_index(dsn: str, schema: str) -> 
         Finished(f"job-{n}", n, uuid.uuid4(), now, "scheduled", 1, now, True, "succeeded", None)
         for n in (1, 2, 3)
     ]
-    params = finish_params(batch, channel=ops.channel_name(schema), worker="w", host="h", pid=1)
+    params = finish_params(batch, channel=channel("jobs", schema), worker="w", host="h", pid=1)
     with psycopg.connect(dsn) as conn:
         [(doc,)] = conn.execute(
             b"EXPLAIN (FORMAT JSON) " + named_query(schema, "sched_finish"), params
@@ -182,7 +183,7 @@ def test_a_claimed_job_is_not_due_again_until_its_lease_expires(dsn: str, schema
     app.add_job("k", lambda ctx: None, cron=NEVER, ttl="30s")
     app.register()
     with tenure.connect(dsn, schema=schema) as client:
-        ops.trigger(client, "k", channel=ops.channel_name(schema))
+        ops.trigger(client, "k", channel=channel("jobs", schema))
         [claim] = claim_batch(client, limit=5)[0]
         [(due_at, passed)] = query(
             dsn,
@@ -231,7 +232,7 @@ def test_a_run_writes_its_history_row_once(dsn: str, schema: str) -> None:
         app.add_job(key, lambda ctx: None, cron=NEVER, ttl="30s")
     with tenure.connect(dsn, schema=schema) as client, InProcessWorker(app):
         for key in keys:
-            ops.trigger(client, key, channel=ops.channel_name(schema))
+            ops.trigger(client, key, channel=channel("jobs", schema))
         wait_for(
             lambda: (
                 query(
@@ -272,7 +273,7 @@ def test_a_long_run_is_in_history_while_it_runs_and_completed_in_place(
         "FROM {schema}.job_runs WHERE job_key = 'long'"
     )
     with tenure.connect(dsn, schema=schema) as client, InProcessWorker(app):
-        ops.trigger(client, "long", channel=ops.channel_name(schema))
+        ops.trigger(client, "long", channel=channel("jobs", schema))
         [running] = wait_for(lambda: query(dsn, schema, history), timeout=10, what="a row")
         [(started_at, owner)] = query(
             dsn,

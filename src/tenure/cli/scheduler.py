@@ -356,10 +356,11 @@ def jobs_list(dsn: str | None, schema: str, log_level: str, log_format: str, as_
 @handle_errors
 def jobs_pause(dsn: str | None, schema: str, log_level: str, log_format: str, key: str) -> None:
     """Pause KEY on every worker: no new runs (a running one finishes)."""
-    from ..scheduler.jobs import channel_name, pause
+    from ..db.channels import channel
+    from ..scheduler.jobs import pause
 
     with _client(dsn, schema, log_level, log_format) as client:
-        changed = pause(client, key, channel=channel_name(schema))
+        changed = pause(client, key, channel=channel("jobs", schema))
     click.echo(f"{printable(key)}: paused" if changed else f"{printable(key)}: was already paused")
 
 
@@ -373,10 +374,11 @@ def jobs_resume(dsn: str | None, schema: str, log_level: str, log_format: str, k
     Also lifts a quarantine (a job paused because its runs kept killing their workers):
     deploy the fix first.
     """
-    from ..scheduler.jobs import channel_name, resume
+    from ..db.channels import channel
+    from ..scheduler.jobs import resume
 
     with _client(dsn, schema, log_level, log_format) as client:
-        done = resume(client, key, channel=channel_name(schema))
+        done = resume(client, key, channel=channel("jobs", schema))
     if done is None:
         click.echo(f"{printable(key)}: was not paused")
     else:
@@ -390,10 +392,11 @@ def jobs_resume(dsn: str | None, schema: str, log_level: str, log_format: str, k
 @handle_errors
 def jobs_trigger(dsn: str | None, schema: str, log_level: str, log_format: str, key: str) -> None:
     """Run KEY once now, on whichever worker claims it first."""
-    from ..scheduler.jobs import channel_name, trigger
+    from ..db.channels import channel
+    from ..scheduler.jobs import trigger
 
     with _client(dsn, schema, log_level, log_format) as client:
-        done = trigger(client, key, channel=channel_name(schema))
+        done = trigger(client, key, channel=channel("jobs", schema))
     note = " (a trigger was already pending: one run)" if done.already_pending else ""
     if done.paused:
         note += "; the job is paused: it runs when resumed"

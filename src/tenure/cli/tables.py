@@ -11,28 +11,12 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable, Sequence
 
-_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-# Bidirectional overrides and isolates: they reorder what follows them on screen.
-_BIDI = {*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F, 0x061C}
-
-
-def _escape(ch: str) -> str:
-    code = ord(ch)
-    if ch in _NAMED:
-        return _NAMED[ch]
-    if code < 0x20 or 0x7F <= code < 0xA0:
-        return f"\\x{code:02x}"
-    if code in _BIDI or code in (0x2028, 0x2029):
-        return f"\\u{code:04x}"
-    return ch
+from ..errors import printable as _printable
 
 
 def printable(value: object) -> str:
     """``value`` as text with control characters shown as escapes (``\\x1b``, ``\\n``)."""
-    text = "-" if value is None else str(value)
-    if text.isprintable():
-        return text
-    return "".join(_escape(ch) for ch in text)
+    return _printable("-" if value is None else str(value))
 
 
 def show(

@@ -261,7 +261,7 @@ class Database:
         cached = self._intervals.get(cache_key)
         if cached is not None and abs((now - cached[0]).total_seconds()) < 3600:
             return cached[1]
-        from ..scheduler.jobs import schedule_from_row
+        from ..scheduler.schedules import schedule_from_row
 
         try:
             slots = schedule_from_row(key, cron, None, timezone).iter_after(now)

@@ -35,8 +35,8 @@ from __future__ import annotations
 
 # The functions are defined once, as asyncio code, in _async/store.py; _sync/store.py is
 # generated from it.
+from ..db import channels
 from ._async.store import (
-    channel,
     counts_async,
     enqueue_async,
     messages_async,
@@ -53,6 +53,13 @@ from .message import (
     idempotency_key,
     parse_idempotency_key,
 )
+
+
+def channel(schema: str) -> str:
+    """The LISTEN/NOTIFY channel a schema's outbox notifies at commit (public; the one rule
+    for every channel name is :func:`tenure.db.channels.channel`)."""
+    return channels.channel("outbox", schema)
+
 
 __all__ = [
     "STATES",

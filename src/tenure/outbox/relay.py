@@ -61,10 +61,9 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-import psycopg
-from psycopg import AsyncConnection, sql
-
 from .. import metrics
+from ..db import channels
+from ..db.notifier import Retry, listen_forever
 from ..db.pruning import prune_forever
 from ..db.retention import (
     DEFAULT_INBOX_RETENTION,
@@ -72,11 +71,10 @@ from ..db.retention import (
     RELAY_TABLES,
     Retention,
 )
-from ..db.timeouts import CONNECTION_KWARGS
 from ..errors import ConfigurationError, DatabaseError, InvalidArgument, SchemaNotReady
 from ..leases._async.client import AsyncClient, connect_async
 from ..validation import Duration, parse_duration
-from ._async.store import channel, check_topic, message_from_row, unhandled_async
+from ._async.store import check_topic, message_from_row, unhandled_async
 from .message import Message
 
 log = logging.getLogger("tenure.relay")
@@ -226,7 +224,7 @@ class Relay:
         if not self.topics:
             raise InvalidArgument("a relay needs at least one topic with a handler")
         self.id = uuid.uuid4()
-        self._channel = channel(client.schema)
+        self._channel = channels.channel("outbox", client.schema)
         conninfo = client._pool.conninfo
         if not isinstance(conninfo, str):  # connect_async always passes a string
             raise ConfigurationError("the relay needs a client connected with a DSN string")
@@ -677,31 +675,31 @@ class Relay:
             )
 
     async def _listen(self, listening: asyncio.Event) -> None:
-        """LISTEN on a dedicated connection; every notification wakes the claim loop."""
-        conninfo = self._conninfo
-        pause = 0.5
-        while True:
-            try:
-                conn = await AsyncConnection.connect(
-                    conninfo, **{**CONNECTION_KWARGS, "application_name": "tenure-relay"}
-                )
-                async with conn:
-                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
-                    listening.set()
-                    self._wake.set()  # catch up on messages committed while not listening
-                    pause = 0.5
-                    async for _ in conn.notifies():
-                        self._wake.set()
-            except psycopg.Error as exc:
-                listening.set()  # polling still works: do not hold up the start
-                log.warning(
-                    "relay %s: LISTEN connection failed (%s); polling every %.1fs until it is back",
-                    self.id,
-                    exc,
-                    self.poll,
-                )
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, self.poll)
+        """LISTEN through the reconnecting loop of :mod:`tenure.db.notifier`; every
+        notification, and every new LISTEN (to catch up), wakes the claim loop."""
+
+        def listened(_reconnected: bool) -> None:
+            listening.set()
+            self._wake.set()  # catch up on messages committed while not listening
+
+        def lost(exc: Exception, _pause: float) -> None:
+            listening.set()  # polling still works: do not hold up the start
+            log.warning(
+                "relay %s: LISTEN connection failed (%s); polling every %.1fs until it is back",
+                self.id,
+                exc,
+                self.poll,
+            )
+
+        await listen_forever(
+            self._conninfo,
+            [self._channel],
+            lambda _note: self._wake.set(),
+            application_name="tenure-relay",
+            on_listening=listened,
+            on_lost=lost,
+            retry=Retry(most=self.poll),
+        )
 
 
 async def _wait(event: asyncio.Event, timeout: float) -> None:

@@ -8,13 +8,10 @@ import datetime as dt
 import logging
 from typing import TYPE_CHECKING
 
-import psycopg
-from psycopg import sql
-
 from ..db.dsn import resolve
+from ..db.notifier import Retry, listen_forever
 from ..db.pruning import prune_async, prune_forever
 from ..db.retention import BATCH, PAUSE, WORKER_TABLES, Retention
-from ..db.timeouts import CONNECTION_KWARGS
 
 if TYPE_CHECKING:
     from ..leases._async.client import AsyncClient
@@ -30,34 +27,30 @@ async def listen(
     application_name: str,
     safety_net: float,
 ) -> None:
-    """Set ``wake`` on every notification on ``channel``, on a dedicated connection (a
-    pooled one could not wait in LISTEN). Reconnects with backoff up to ``safety_net``
-    seconds, forever; meanwhile the claim loop looks for due jobs at least that often."""
+    """Set ``wake`` on every notification on ``channel`` (and on every new LISTEN, to catch
+    up with anything missed while not listening), through the reconnecting loop of
+    :mod:`tenure.db.notifier`: it retries with backoff up to ``safety_net`` seconds,
+    forever; meanwhile the claim loop looks for due jobs at least that often."""
     conninfo, _source = resolve(dsn)
-    delay = 0.5
-    while True:
-        try:
-            conn = await psycopg.AsyncConnection.connect(
-                conninfo, **{**CONNECTION_KWARGS, "application_name": application_name}
-            )
-            try:
-                await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
-                wake.set()  # catch up with anything missed while not listening
-                delay = 0.5
-                async for _note in conn.notifies():
-                    wake.set()
-            finally:
-                await conn.close()
-        except (psycopg.Error, OSError) as exc:
-            log.warning(
-                "listening for schedule changes failed (%s); retrying in %.1fs, meanwhile "
-                "looking for due jobs at least every %.0fs",
-                exc,
-                delay,
-                safety_net,
-            )
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, safety_net)
+
+    def lost(exc: Exception, pause: float) -> None:
+        log.warning(
+            "listening for schedule changes failed (%s); retrying in %.1fs, meanwhile "
+            "looking for due jobs at least every %.0fs",
+            exc,
+            pause,
+            safety_net,
+        )
+
+    await listen_forever(
+        conninfo,
+        [channel],
+        lambda _note: wake.set(),
+        application_name=application_name,
+        on_listening=lambda _reconnected: wake.set(),
+        on_lost=lost,
+        retry=Retry(most=safety_net),
+    )
 
 
 async def prune(client: AsyncClient, retention: Retention) -> None:

@@ -12,32 +12,15 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..db import channels
 from ..errors import TenureError, UnknownJob
 from ..validation import check_int, check_job_key
-from .schedules import Schedule, phase_of
+from .schedules import schedule_from_row
 
 if TYPE_CHECKING:
     from ..leases._sync.client import Client
 
-_US = dt.timedelta(microseconds=1)
 #: Most history rows one call returns.
 MAX_LIMIT = 100_000
-
-
-def channel_name(schema: str) -> str:
-    """The LISTEN/NOTIFY channel of a schema's scheduler (an identifier of at most 63 bytes)."""
-    return channels.channel_name("tenure_jobs", schema)
-
-
-def schedule_from_row(
-    job_key: str, cron: str | None, every: dt.timedelta | None, timezone: str
-) -> Schedule:
-    """The schedule stored in the database (already validated when it was registered)."""
-    if every is not None:
-        interval = every // _US
-        return Schedule(job_key, every_us=interval, phase_us=phase_of(job_key, interval))
-    return Schedule(job_key, cron=cron, timezone=timezone)
 
 
 @dataclass(frozen=True, slots=True)

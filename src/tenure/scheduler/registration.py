@@ -10,8 +10,9 @@ import datetime as dt
 import logging
 from typing import TYPE_CHECKING
 
+from ..db.channels import channel
 from ..errors import JobOwnedByAnotherApp
-from .jobs import channel_name, schedule_from_row
+from .schedules import schedule_from_row
 
 if TYPE_CHECKING:
     from ..leases._async.client import AsyncClient
@@ -67,7 +68,7 @@ async def register(
         "defined_by": defined_by,
         "app": app,
         "adopt": adopt,
-        "channel": channel_name(client.schema),
+        "channel": channel("jobs", client.schema),
     }
     rows = await client._fetch_sized(
         "sched_register",

@@ -423,3 +423,14 @@ def _grace_text(policy: Policy) -> str:
     if policy.misfire_grace is None:
         return "none" if policy.misfire != "skip" else f"{SKIP_DEFAULT_GRACE:g}s (default)"
     return f"{policy.misfire_grace:g}s"
+
+
+def schedule_from_row(
+    job_key: str, cron: str | None, every: dt.timedelta | None, timezone: str
+) -> Schedule:
+    """The schedule stored in the database (already validated when it was registered): the
+    worker, the dashboard and the exporter read it from ``jobs`` rows."""
+    if every is not None:
+        interval = every // _US
+        return Schedule(job_key, every_us=interval, phase_us=phase_of(job_key, interval))
+    return Schedule(job_key, cron=cron, timezone=timezone)

@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import metrics
 from .._acompat import monotonic
+from ..db.channels import channel
 from ..db.retention import age_text
 from ..errors import DatabaseUnavailable, InvalidArgument, SchemaNotReady, TenureError
 from ..leases._async.client import AsyncClient, connect_async, default_margin
@@ -71,10 +72,9 @@ from .claim import (
 )
 from .context import JobContext
 from .execution import Run, execute
-from .jobs import channel_name, schedule_from_row
 from .registration import register
 from .saturation import Saturation
-from .schedules import Plan, Schedule, plan
+from .schedules import Plan, Schedule, plan, schedule_from_row
 from .vacuum import vacuum_forever
 
 if TYPE_CHECKING:
@@ -134,7 +134,7 @@ class Worker:
         self.id = uuid.uuid4().hex[:12]
         self.host = socket.gethostname()
         self.pid = os.getpid()
-        self.channel = channel_name(app.schema)
+        self.channel = channel("jobs", app.schema)
         self._client: AsyncClient | None = None
         # Keyed by (job, token): a run that lost its lease may still be finishing when this
         # same worker claims the job's retry.

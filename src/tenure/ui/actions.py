@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING
 
+from ..db import channels
 from ..scheduler import jobs as ops
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ class Actions:
         """Do ``action`` on ``target`` (a job key, or an outbox message id); returns what
         happened, in words."""
         client = self._get()
-        channel = ops.channel_name(self.schema)
+        channel = channels.channel("jobs", self.schema)
         if action == "pause":
             changed = ops.pause(client, target, channel=channel)
             return f"{target}: paused" if changed else f"{target}: was already paused"

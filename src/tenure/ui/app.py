@@ -25,6 +25,7 @@ from urllib.parse import parse_qs, urlencode
 
 import psycopg
 from jinja2 import Environment, PackageLoader, select_autoescape
+from markupsafe import Markup
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -39,7 +40,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ..db.dsn import describe, resolve
-from ..errors import ConfigurationError, DatabaseUnavailable, TenureError
+from ..errors import ConfigurationError, DatabaseUnavailable, TenureError, printable
 from ..validation import check_schema
 from . import data, security
 from .actions import ACTIONS, Actions
@@ -49,8 +50,19 @@ from .timeline import render
 log = logging.getLogger("tenure.ui")
 
 Handler = Callable[[Request], Awaitable[Response]]
+#: The query parameters of an action's notice (never carried to the next page).
+NOTICE = ("notice", "sig")
 #: Seconds between keep-alive comments on an idle event stream.
 KEEPALIVE = 15.0
+
+
+def _shown(value: Any) -> Any:
+    """Every ``{{ value }}`` of a page: text as :func:`printable` shows it (a U+202E in a key
+    would reverse what follows it), before autoescaping. Markup (the timeline's SVG) was
+    built from printable text already."""
+    if isinstance(value, str) and not isinstance(value, Markup):
+        return printable(value)
+    return value
 
 
 def _env() -> Environment:
@@ -59,6 +71,7 @@ def _env() -> Environment:
         autoescape=select_autoescape(["html"]),
         trim_blocks=True,
         lstrip_blocks=True,
+        finalize=_shown,
     )
     env.filters["iso"] = lambda t: "" if t is None else t.astimezone(dt.UTC).isoformat()
     env.filters["utc"] = lambda t: (
@@ -153,6 +166,12 @@ class Dashboard:
                     status_code=401,
                     headers={"WWW-Authenticate": 'Basic realm="tenure", charset="UTF-8"'},
                 )
+            if any("\x00" in v for _, v in request.query_params.multi_items()):
+                # PostgreSQL text cannot hold NUL: refuse it here, not as a database error.
+                return PlainTextResponse(
+                    "a query parameter contains a NUL byte, which no key or search can hold\n",
+                    status_code=400,
+                )
             try:
                 return await handler(request)
             except DatabaseUnavailable as exc:
@@ -192,7 +211,9 @@ class Dashboard:
             "stream": self.stream,
             "csrf": self.csrf.token_for(session),
             "here": _here(request),
-            "notice": request.query_params.get("notice"),
+            "notice": self.csrf.signed(
+                request.query_params.get("notice"), request.query_params.get("sig")
+            ),
             "windows": data.WINDOWS,
             **context,
         }
@@ -348,9 +369,8 @@ class Dashboard:
             message = f"{action} failed: {exc}"
         log.warning("dashboard action %s %r: %s", action, target, message)
         sep = "&" if "?" in back else "?"
-        return RedirectResponse(
-            f"{base}{back}{sep}{urlencode({'notice': message})}", status_code=303
-        )
+        notice = urlencode({"notice": message, "sig": self.csrf.sign(message)})
+        return RedirectResponse(f"{base}{back}{sep}{notice}", status_code=303)
 
 
 def _here(request: Request) -> str:
@@ -360,7 +380,7 @@ def _here(request: Request) -> str:
     path = request.url.path
     if root and path.startswith(root):
         path = path[len(root) :] or "/"
-    query = urlencode([(k, v) for k, v in request.query_params.multi_items() if k != "notice"])
+    query = urlencode([(k, v) for k, v in request.query_params.multi_items() if k not in NOTICE])
     return path + (f"?{query}" if query else "")
 
 

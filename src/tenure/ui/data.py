@@ -18,7 +18,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from ..db.timeouts import CONNECTION_KWARGS
 from ..errors import DatabaseUnavailable
-from ..scheduler.jobs import schedule_from_row
+from ..scheduler.schedules import schedule_from_row
 from .queries import ui_queries
 
 log = logging.getLogger("tenure.ui")

@@ -1,6 +1,6 @@
 """Live updates: one LISTEN connection per dashboard, fanned out to every open page.
 
-Two channels are heard: the scheduler's (:func:`tenure.scheduler.jobs.channel_name`: job
+Two channels are heard: the scheduler's (:func:`tenure.db.channels.channel` ``jobs``: job
 definitions, pause, resume, trigger, hand-overs) and the dashboard's own, which the
 ``job_runs`` triggers of migration 6 notify when runs end, are skipped, or have been running
 for a second (their history row is written then: migration 12) (payload: a JSON array of job
@@ -14,14 +14,11 @@ import asyncio
 import contextlib
 import json
 import logging
-from typing import Any
 
-import psycopg
-from psycopg import sql
+from psycopg import Notify
 
-from ..db import channels
-from ..db.timeouts import CONNECTION_KWARGS
-from ..scheduler.jobs import channel_name as scheduler_channel
+from ..db.channels import channel
+from ..db.notifier import Retry, listen_forever
 
 log = logging.getLogger("tenure.ui")
 
@@ -31,20 +28,17 @@ COALESCE = 0.25
 RETRY = 2.0
 
 
-def channel_name(schema: str) -> str:
-    """The dashboard's channel; the same rule as the trigger function in migration 6."""
-    return channels.channel_name("tenure_ui", schema)
-
-
 class Broker:
     """Listens while at least one page is subscribed; every subscriber gets a queue of the
     sets of job keys that changed (``{"*"}``: anything may have changed)."""
 
     def __init__(self, conninfo: str, schema: str) -> None:
         self._conninfo = conninfo
-        self.channels = (scheduler_channel(schema), channel_name(schema))
+        # The dashboard's channel: the same rule as the trigger function in migration 6.
+        self.channels = (channel("jobs", schema), channel("ui", schema))
         self._subscribers: set[asyncio.Queue[set[str]]] = set()
         self._task: asyncio.Task[None] | None = None
+        self._pending: set[str] = set()
         self.listening = asyncio.Event()
 
     def subscribe(self) -> asyncio.Queue[set[str]]:
@@ -56,6 +50,11 @@ class Broker:
 
     def unsubscribe(self, queue: asyncio.Queue[set[str]]) -> None:
         self._subscribers.discard(queue)
+        if not self._subscribers and self._task is not None:
+            # Nobody left to tell: stop listening (the next subscriber starts again).
+            self._task.cancel()
+            self._task = None
+            self.listening.clear()
 
     async def ready(self, timeout: float) -> None:
         """Wait (up to ``timeout`` seconds) until LISTEN is in place."""
@@ -79,53 +78,40 @@ class Broker:
             queue.put_nowait(keys)
 
     async def _listen(self) -> None:
-        reconnect = False
-        while self._subscribers:
-            try:
-                conn = await psycopg.AsyncConnection.connect(
-                    self._conninfo,
-                    **{**CONNECTION_KWARGS, "application_name": "tenure ui listen"},
-                )
-                async with conn:
-                    for channel in self.channels:
-                        await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
-                    self.listening.set()
-                    if reconnect:
-                        self._publish({"*"})  # catch up with what was missed while down
-                    reconnect = True
-                    await self._pump(conn)
-            except asyncio.CancelledError:
-                raise
-            except psycopg.Error as exc:
-                self.listening.clear()
-                reconnect = True
-                log.warning(
-                    "dashboard: listening for changes failed (%s); retrying in %.0fs",
-                    " ".join(str(exc).split()),
-                    RETRY,
-                )
-                await asyncio.sleep(RETRY)
+        def listening(reconnected: bool) -> None:
+            self.listening.set()
+            if reconnected:
+                self._publish({"*"})  # catch up with what was missed while down
 
-    async def _pump(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        loop = asyncio.get_running_loop()
-        pending: set[str] = set()
-        first = 0.0  # when the oldest pending notification arrived
-        while self._subscribers:
-            # Idle: wait long (waking now and then to notice that every page left). Once
-            # something arrived: publish it COALESCE seconds later, with whatever came since.
-            wait = max(0.0, first + COALESCE - loop.time()) if pending else 30.0
-            got = False
-            if wait > 0:
-                async for note in conn.notifies(timeout=wait, stop_after=1):
-                    if not pending:
-                        first = loop.time()
-                    pending |= _keys(note.channel, note.payload, self.channels[1])
-                    got = True
-            if pending and loop.time() >= first + COALESCE:
-                self._publish(pending)
-                pending = set()
-            elif not got and not pending:
-                await conn.execute(b"SELECT 1")  # the connection still answers
+        def lost(exc: Exception, pause: float) -> None:
+            self.listening.clear()
+            log.warning(
+                "dashboard: listening for changes failed (%s); retrying in %.0fs",
+                " ".join(str(exc).split()),
+                pause,
+            )
+
+        await listen_forever(
+            self._conninfo,
+            self.channels,
+            self._heard,
+            application_name="tenure ui listen",
+            on_listening=listening,
+            on_lost=lost,
+            retry=Retry(first=RETRY, most=RETRY),
+        )
+
+    def _heard(self, note: Notify) -> None:
+        # Publish COALESCE seconds after the first notification, with whatever came since.
+        first = not self._pending
+        self._pending |= _keys(note.channel, note.payload, self.channels[1])
+        if first:
+            asyncio.get_running_loop().call_later(COALESCE, self._flush)
+
+    def _flush(self) -> None:
+        pending, self._pending = self._pending, set()
+        if pending:
+            self._publish(pending)
 
 
 def _keys(channel: str, payload: str, ui_channel: str) -> set[str]:

@@ -8,6 +8,8 @@
   another site, so every POST must also carry a token that only the dashboard's own pages
   know: an HMAC (with a per-process secret) of a random per-browser cookie, in the form field
   ``csrf``. A POST whose ``Origin`` header names another origin is refused as well.
+* Notices: the message an action leaves in its redirect (``?notice=...&sig=...``) is shown
+  only when its signature is the same process's HMAC of it.
 """
 
 from __future__ import annotations
@@ -59,6 +61,19 @@ class Csrf:
         if not session or not token:
             return False
         return hmac.compare_digest(self.token_for(session), token)
+
+    def sign(self, notice: str) -> str:
+        """A signature for a notice this dashboard puts in a redirect's address: a page
+        shows a notice only with it, so a link made elsewhere cannot put words in the
+        dashboard's success banner."""
+        mac = hmac.new(self._secret, b"notice\0" + notice.encode("utf-8"), hashlib.sha256)
+        return mac.hexdigest()
+
+    def signed(self, notice: str | None, signature: str | None) -> str | None:
+        """``notice`` when ``signature`` is this process's :meth:`sign` of it, else None."""
+        if not notice or not signature:
+            return None
+        return notice if hmac.compare_digest(self.sign(notice), signature) else None
 
 
 def same_origin(headers: Mapping[str, str], scheme: str) -> bool:

@@ -14,9 +14,10 @@ import bisect
 import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
-from html import escape
+from html import escape as _html_escape
 from typing import Any
 
+from ..errors import printable
 from .data import Bucket, Run
 
 WIDTH = 1000
@@ -49,6 +50,12 @@ LABEL = {
     "abandoned": "abandoned",
     "misfire_skipped": "skipped (misfire)",
 }
+
+
+def escape(text: str) -> str:
+    """``text`` for the SVG: control and bidirectional characters escaped as everywhere else
+    (:func:`~tenure.errors.printable`), then HTML-escaped."""
+    return _html_escape(printable(text))
 
 
 @dataclass(frozen=True, slots=True)

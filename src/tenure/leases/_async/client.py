@@ -16,7 +16,7 @@ from psycopg_pool import AsyncConnectionPool
 from ... import metrics
 from ..._acompat import monotonic
 from ...db import migrations
-from ...db.channels import lease_channel
+from ...db.channels import channel
 from ...db.dsn import describe, resolve
 from ...db.idle import closed_while_idle
 from ...db.queries import compose, queries
@@ -88,7 +88,7 @@ class AsyncClient:
         self.results = AsyncResults(self)
         self._timings: dict[tuple[type, Any, type, Any], _Timing] = {}
         #: Where releases are announced, for waiters (see :class:`AsyncReleaseWaiter`).
-        self.lease_channel = lease_channel(schema)
+        self.lease_channel = channel("leases", schema)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.where} schema={self.schema!r}>"

@@ -15,6 +15,11 @@ So a waiter sends one statement per release of its key and one per expiry it was
 none in between. Where neither can be trusted (the expiry is unknown because the previous
 holder's fenced transaction is still open, or LISTEN failed, e.g. behind PgBouncer in
 transaction mode) it polls with a backoff up to :data:`POLL` seconds, as before.
+
+It LISTENs like every other listener (:func:`tenure.db._async.listener.listen_on`) but not
+through the reconnecting loop of :mod:`tenure.db.notifier`: a wait is short and asks the
+database again after every wake-up, so a lost connection needs no reconnect, only the
+fallback it already has (ask again now, then poll).
 """
 
 from __future__ import annotations
@@ -23,9 +28,10 @@ import logging
 from typing import Any
 
 import psycopg
-from psycopg import AsyncConnection, sql
+from psycopg import AsyncConnection
 
 from ..._acompat import monotonic, sleep
+from ...db._async.listener import listen_on
 
 log = logging.getLogger("tenure.lease")
 
@@ -52,15 +58,9 @@ class AsyncReleaseWaiter:
     ) -> AsyncReleaseWaiter:
         """LISTEN on ``channel`` on a new connection; a waiter that polls if that fails."""
         try:
-            conn = await AsyncConnection.connect(conninfo, **{**kwargs, "autocommit": True})
+            conn = await listen_on(conninfo, [channel], kwargs)
         except psycopg.Error as exc:
             log.debug("cannot listen for releases of %r, polling: %s", job_key, exc)
-            return cls(None, job_key)
-        try:
-            await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
-        except psycopg.Error as exc:
-            log.debug("cannot listen for releases of %r, polling: %s", job_key, exc)
-            await conn.close()
             return cls(None, job_key)
         return cls(conn, job_key)
 

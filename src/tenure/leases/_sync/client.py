@@ -19,7 +19,7 @@ from psycopg_pool import ConnectionPool
 from ... import metrics
 from ..._compat import monotonic
 from ...db import migrations
-from ...db.channels import lease_channel
+from ...db.channels import channel
 from ...db.dsn import describe, resolve
 from ...db.idle import closed_while_idle
 from ...db.queries import compose, queries
@@ -78,7 +78,7 @@ class Client:
         self._queries = queries(schema)
         self.results = Results(self)
         self._timings: dict[tuple[type, Any, type, Any], _Timing] = {}
-        self.lease_channel = lease_channel(schema)
+        self.lease_channel = channel("leases", schema)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.where} schema={self.schema!r}>"

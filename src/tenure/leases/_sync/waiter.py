@@ -18,6 +18,11 @@ So a waiter sends one statement per release of its key and one per expiry it was
 none in between. Where neither can be trusted (the expiry is unknown because the previous
 holder's fenced transaction is still open, or LISTEN failed, e.g. behind PgBouncer in
 transaction mode) it polls with a backoff up to :data:`POLL` seconds, as before.
+
+It LISTENs like every other listener (:func:`tenure.db._async.listener.listen_on`) but not
+through the reconnecting loop of :mod:`tenure.db.notifier`: a wait is short and asks the
+database again after every wake-up, so a lost connection needs no reconnect, only the
+fallback it already has (ask again now, then poll).
 """
 
 from __future__ import annotations
@@ -26,9 +31,10 @@ import logging
 from typing import Any
 
 import psycopg
-from psycopg import Connection, sql
+from psycopg import Connection
 
 from ..._compat import monotonic, sleep
+from ...db._sync.listener import listen_on
 
 log = logging.getLogger("tenure.lease")
 POLL = 0.5
@@ -50,15 +56,9 @@ class ReleaseWaiter:
     ) -> ReleaseWaiter:
         """LISTEN on ``channel`` on a new connection; a waiter that polls if that fails."""
         try:
-            conn = Connection.connect(conninfo, **{**kwargs, "autocommit": True})
+            conn = listen_on(conninfo, [channel], kwargs)
         except psycopg.Error as exc:
             log.debug("cannot listen for releases of %r, polling: %s", job_key, exc)
-            return cls(None, job_key)
-        try:
-            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
-        except psycopg.Error as exc:
-            log.debug("cannot listen for releases of %r, polling: %s", job_key, exc)
-            conn.close()
             return cls(None, job_key)
         return cls(conn, job_key)
 

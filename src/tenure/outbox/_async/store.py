@@ -64,12 +64,6 @@ def check_key(key: object, *, what: str = "key") -> str:
     return check_text(key, what=what, max_chars=MAX_KEY)
 
 
-def channel(schema: str) -> str:
-    """The LISTEN/NOTIFY channel of a schema's outbox (at most 63 bytes, PostgreSQL's limit
-    for identifiers; long schema names are hashed)."""
-    return channels.channel_name("tenure_outbox", schema)
-
-
 def _check_in_transaction(conn: AsyncConnection[Any], what: str) -> None:
     # In autocommit mode outside a transaction block the statement would commit on its own:
     # the message would exist even if the caller's fenced work then rolled back.
@@ -122,7 +116,7 @@ async def enqueue_async(
         "order_key": order_key,
         "job_key": job_key,
         "token": token,
-        "channel": channel(schema),
+        "channel": channels.channel("outbox", schema),
     }
     with mapped(f"enqueuing {topic!r} message {key!r}"):
         cur = await conn.execute(query(schema, "outbox_enqueue"), params)
@@ -208,7 +202,7 @@ async def retry_async(
         check_topic(topic)
     rows = await client._fetch(
         "outbox_retry",
-        {"ids": _ids(ids), "topic": topic, "channel": channel(client.schema)},
+        {"ids": _ids(ids), "topic": topic, "channel": channels.channel("outbox", client.schema)},
         doing="re-driving dead outbox messages",
         wrote=True,
     )

@@ -64,12 +64,6 @@ def check_key(key: object, *, what: str = "key") -> str:
     return check_text(key, what=what, max_chars=MAX_KEY)
 
 
-def channel(schema: str) -> str:
-    """The LISTEN/NOTIFY channel of a schema's outbox (at most 63 bytes, PostgreSQL's limit
-    for identifiers; long schema names are hashed)."""
-    return channels.channel_name("tenure_outbox", schema)
-
-
 def _check_in_transaction(conn: Connection[Any], what: str) -> None:
     if conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
         raise InvalidArgument(
@@ -120,7 +114,7 @@ def enqueue(
         "order_key": order_key,
         "job_key": job_key,
         "token": token,
-        "channel": channel(schema),
+        "channel": channels.channel("outbox", schema),
     }
     with mapped(f"enqueuing {topic!r} message {key!r}"):
         cur = conn.execute(query(schema, "outbox_enqueue"), params)
@@ -206,7 +200,7 @@ def retry(
         check_topic(topic)
     rows = client._fetch(
         "outbox_retry",
-        {"ids": _ids(ids), "topic": topic, "channel": channel(client.schema)},
+        {"ids": _ids(ids), "topic": topic, "channel": channels.channel("outbox", client.schema)},
         doing="re-driving dead outbox messages",
         wrote=True,
     )

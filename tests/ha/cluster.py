@@ -1,0 +1,451 @@
+"""A three-member Patroni cluster on this machine, with etcd and HAProxy, owned by a test.
+
+* etcd: one member (Debian ``etcd-server``), on free loopback ports, data in the temp dir.
+* Patroni (Debian ``patroni``), three members ``m0`` ``m1`` ``m2``, each managing a
+  PostgreSQL of the machine's newest Debian server binaries (``tests/support/servers.py``
+  finds them) on its own free port, data dirs under the temp dir. PostgreSQL refuses to run
+  as root, so Patroni (and with it PostgreSQL) runs as the ``postgres`` OS user when the
+  tests run as root; the temp dir belongs to that user.
+* Each member reaches etcd through its own TCP proxy (``tests/support/fix_proxy.py``, in
+  this process, with Patroni's ``use_proxies`` so it never bypasses the proxy for etcd's
+  advertised address): :meth:`PatroniCluster.partition` blackholes one member's proxy, which
+  partitions that member's Patroni from etcd while PostgreSQL replication and the clients
+  still reach it. No network namespace and no firewall rule is needed.
+* HAProxy (Debian ``haproxy``) in front: one read-write port whose health check is Patroni's
+  REST ``GET /primary`` on each member (200 only on the leader), ``on-marked-down
+  shutdown-sessions`` so clients of a demoted primary are cut. :attr:`dsn` goes through it;
+  :attr:`multi_host_dsn` is libpq's ``host=a,b,c target_session_attrs=read-write``.
+
+Everything runs in the foreground as a child process in its own session, so :meth:`close`
+can always kill it; every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from tests.support.fix_proxy import Proxy
+from tests.support.servers import _make_dir, _run_as, _user_kwargs, free_port, pg_bindir
+
+START_TIMEOUT = 90.0  # the whole cluster, on two shared cores
+HEAL_TIMEOUT = 90.0  # back to one leader and two streaming replicas after a fault
+#: Patroni's timing (dcs): a leader key lives TTL seconds; every LOOP_WAIT each member runs
+#: its loop; a DCS or PostgreSQL call is retried for RETRY_TIMEOUT. Patroni's rule is
+#: loop_wait + 2 * retry_timeout <= ttl. Small values make failovers fast, not safer.
+TTL = 10
+LOOP_WAIT = 1
+RETRY_TIMEOUT = 4
+
+PG_SETTINGS: dict[str, Any] = {
+    # As tests/support/servers.py: only process crashes are injected, never an OS crash.
+    "fsync": "off",
+    "full_page_writes": "off",
+    "shared_buffers": "32MB",
+    "max_connections": 100,
+    "max_wal_senders": 10,
+    "max_replication_slots": 10,
+    "wal_keep_size": "128MB",
+    "log_min_messages": "warning",
+    "client_connection_check_interval": "1s",
+}
+
+
+def missing_tools() -> str | None:
+    """Why the HA tests cannot run here, or None."""
+    for tool in ("etcd", "patroni", "patronictl", "haproxy"):
+        if shutil.which(tool) is None and not Path(f"/usr/sbin/{tool}").is_file():
+            return f"{tool} is not installed (Debian: apt-get install patroni etcd-server haproxy)"
+    if pg_bindir() is None:
+        return "no PostgreSQL server binaries"
+    return None
+
+
+class ClusterError(RuntimeError):
+    """The cluster did not start or heal in time; the message has the logs' tails."""
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _spawn(cmd: list[str], log: Path, *, as_postgres: bool = False) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            **(_user_kwargs() if as_postgres else {}),
+        )
+
+
+def _kill(proc: subprocess.Popen[bytes] | None) -> None:
+    if proc is None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGCONT)
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(10)
+
+
+@dataclass
+class Member:
+    name: str
+    pg_port: int
+    api_port: int
+    base: Path
+    config: Path
+    etcd_proxy: Proxy
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def datadir(self) -> Path:
+        return self.base / "data"
+
+    @property
+    def log(self) -> Path:
+        return self.base / "patroni.log"
+
+    @property
+    def dsn(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.pg_port}/postgres"
+
+    def postmaster_pid(self) -> int:
+        return int((self.datadir / "postmaster.pid").read_text().split()[0])
+
+    def api(self, path: str, timeout: float = 2.0) -> tuple[int, Any]:
+        url = f"http://127.0.0.1:{self.api_port}{path}"
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as resp:
+                return resp.status, json.loads(resp.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"null")
+
+
+class PatroniCluster:
+    def __init__(self, *, synchronous: bool = False, members: int = 3) -> None:
+        bindir = pg_bindir()
+        assert bindir is not None
+        self.bindir = bindir
+        self.synchronous = synchronous
+        self.base = _make_dir("tenure-ha-")
+        self.scope = f"tenure-{self.base.name[-8:]}"
+        self.etcd_client = free_port()
+        self.etcd_peer = free_port()
+        self.etcd_proc: subprocess.Popen[bytes] | None = None
+        self.haproxy_port = free_port()
+        self.haproxy_proc: subprocess.Popen[bytes] | None = None
+        self.members: list[Member] = []
+        for i in range(members):
+            base = self.base / f"m{i}"
+            base.mkdir()
+            proxy = Proxy("127.0.0.1", self.etcd_client)
+            self.members.append(
+                Member(
+                    name=f"m{i}",
+                    pg_port=free_port(),
+                    api_port=free_port(),
+                    base=base,
+                    config=base / "patroni.yml",
+                    etcd_proxy=proxy,
+                )
+            )
+
+    # -- addresses ------------------------------------------------------------------------
+
+    @property
+    def dsn(self) -> str:
+        """Through HAProxy's read-write port."""
+        return f"postgresql://postgres@127.0.0.1:{self.haproxy_port}/postgres"
+
+    @property
+    def multi_host_dsn(self) -> str:
+        hosts = ",".join("127.0.0.1" for _ in self.members)
+        ports = ",".join(str(m.pg_port) for m in self.members)
+        return (
+            f"host={hosts} port={ports} user=postgres dbname=postgres "
+            "target_session_attrs=read-write connect_timeout=2"
+        )
+
+    def member(self, name: str) -> Member:
+        return next(m for m in self.members if m.name == name)
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> PatroniCluster:
+        try:
+            self._start_etcd()
+            for m in self.members:
+                m.etcd_proxy.start()
+                self._write_config(m)
+            # The first member bootstraps; the others clone it once it leads.
+            self.members[0].proc = _spawn(
+                ["patroni", str(self.members[0].config)], self.members[0].log, as_postgres=True
+            )
+            self._wait(lambda: self.leader() == "m0", START_TIMEOUT, "m0 to bootstrap and lead")
+            for m in self.members[1:]:
+                m.proc = _spawn(["patroni", str(m.config)], m.log, as_postgres=True)
+            self._start_haproxy()
+            self.wait_healthy(START_TIMEOUT)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _start_etcd(self) -> None:
+        data = self.base / "etcd"
+        client = f"http://127.0.0.1:{self.etcd_client}"
+        peer = f"http://127.0.0.1:{self.etcd_peer}"
+        self.etcd_log = self.base / "etcd.log"
+        self.etcd_proc = _spawn(
+            [
+                "etcd",
+                "--name=e0",
+                f"--data-dir={data}",
+                f"--listen-client-urls={client}",
+                f"--advertise-client-urls={client}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=e0={peer}",
+                "--initial-cluster-state=new",
+                "--log-level=warn",
+                "--unsafe-no-fsync",
+            ],
+            self.etcd_log,
+        )
+
+        def up() -> bool:
+            try:
+                with urllib.request.urlopen(f"{client}/health", timeout=1) as resp:
+                    return bool(json.loads(resp.read()).get("health") == "true")
+            except (OSError, ValueError):
+                return False
+
+        self._wait(up, 30, "etcd to answer")
+
+    def _write_config(self, m: Member) -> None:
+        conf: dict[str, Any] = {
+            "scope": self.scope,
+            "namespace": "/tenure-tests/",
+            "name": m.name,
+            "log": {"level": "INFO"},
+            "restapi": {
+                "listen": f"127.0.0.1:{m.api_port}",
+                "connect_address": f"127.0.0.1:{m.api_port}",
+            },
+            "etcd3": {"hosts": [f"127.0.0.1:{m.etcd_proxy.port}"], "use_proxies": True},
+            "bootstrap": {
+                "dcs": {
+                    "ttl": TTL,
+                    "loop_wait": LOOP_WAIT,
+                    "retry_timeout": RETRY_TIMEOUT,
+                    "maximum_lag_on_failover": 1048576,
+                    "synchronous_mode": self.synchronous,
+                    "postgresql": {
+                        "use_pg_rewind": True,
+                        "use_slots": True,
+                        "parameters": PG_SETTINGS,
+                    },
+                },
+                "initdb": [{"encoding": "UTF8"}, {"auth": "trust"}, "no-sync"],
+            },
+            "postgresql": {
+                "listen": f"127.0.0.1:{m.pg_port}",
+                "connect_address": f"127.0.0.1:{m.pg_port}",
+                "data_dir": str(m.datadir),
+                "bin_dir": str(self.bindir),
+                "pgpass": str(m.base / "pgpass"),
+                "authentication": {
+                    "superuser": {"username": "postgres", "password": "postgres"},
+                    "replication": {"username": "replicator", "password": "replicator"},
+                    "rewind": {"username": "postgres", "password": "postgres"},
+                },
+                "parameters": {"unix_socket_directories": str(m.base)},
+                "pg_hba": [
+                    "local all all trust",
+                    "host all all 127.0.0.1/32 trust",
+                    "host replication all 127.0.0.1/32 trust",
+                ],
+            },
+            "watchdog": {"mode": "off"},
+            "tags": {"nofailover": False, "noloadbalance": False, "clonefrom": False},
+        }
+        # JSON is YAML: Patroni reads it as its YAML config.
+        m.config.write_text(json.dumps(conf, indent=1))
+        user = _run_as()
+        if user is not None:
+            for path in (m.base, m.config):
+                os.chown(path, user.pw_uid, user.pw_gid)
+
+    def _start_haproxy(self) -> None:
+        servers = "\n".join(
+            f"    server {m.name} 127.0.0.1:{m.pg_port} check port {m.api_port}"
+            for m in self.members
+        )
+        cfg = self.base / "haproxy.cfg"
+        cfg.write_text(
+            f"""global
+    maxconn 500
+defaults
+    mode tcp
+    timeout connect 2s
+    timeout client 30m
+    timeout server 30m
+    timeout check 1s
+listen rw
+    bind 127.0.0.1:{self.haproxy_port}
+    option httpchk GET /primary
+    http-check expect status 200
+    default-server inter 500ms fall 2 rise 1 on-marked-down shutdown-sessions
+{servers}
+"""
+        )
+        self.haproxy_log = self.base / "haproxy.log"
+        self.haproxy_proc = _spawn(["haproxy", "-db", "-f", str(cfg)], self.haproxy_log)
+
+    def close(self) -> None:
+        """Kill everything (SIGKILL to each process group), then delete the temp dir."""
+        for m in self.members:
+            _kill(m.proc)
+            m.proc = None
+        # PostgreSQL is Patroni's child but runs in its own session: kill it by its pid file.
+        for m in self.members:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                os.kill(m.postmaster_pid(), signal.SIGKILL)
+            m.etcd_proxy.stop()
+        _kill(self.haproxy_proc)
+        _kill(self.etcd_proc)
+        self.haproxy_proc = self.etcd_proc = None
+        # Let the killed postmasters' children notice and exit before the files go.
+        time.sleep(0.5)
+        shutil.rmtree(self.base, ignore_errors=True)
+
+    # -- state ----------------------------------------------------------------------------
+
+    def topology(self) -> list[dict[str, Any]]:
+        """Patroni's ``GET /cluster`` members from the first member that answers."""
+        for m in self.members:
+            with contextlib.suppress(OSError, ValueError):
+                status, body = m.api("/cluster")
+                if status == 200 and body:
+                    members: list[dict[str, Any]] = body.get("members", [])
+                    return members
+        return []
+
+    def leader(self) -> str | None:
+        for row in self.topology():
+            if row.get("role") in ("leader", "master", "primary") and row.get("state") == (
+                "running"
+            ):
+                name: str = row["name"]
+                return name
+        return None
+
+    def replicas(self) -> list[str]:
+        return [r["name"] for r in self.topology() if r.get("role") != "leader"]
+
+    def healthy(self) -> bool:
+        rows = self.topology()
+        leaders = [r for r in rows if r.get("role") == "leader" and r.get("state") == "running"]
+        streaming = [
+            r
+            for r in rows
+            if r.get("role") in ("replica", "sync_standby")
+            and r.get("state") in ("streaming", "running")
+            and r.get("lag", 0) in (0, "0")
+        ]
+        if len(leaders) != 1 or len(streaming) != len(self.members) - 1:
+            return False
+        if self.synchronous and not any(r.get("role") == "sync_standby" for r in rows):
+            return False
+        try:
+            with psycopg.connect(self.dsn, autocommit=True, connect_timeout=2) as conn:
+                row = conn.execute(b"SELECT pg_is_in_recovery()").fetchone()
+        except psycopg.Error:
+            return False
+        return row == (False,)
+
+    def wait_healthy(self, timeout: float = HEAL_TIMEOUT) -> None:
+        self._wait(self.healthy, timeout, "one leader and two streaming replicas")
+
+    def timeline(self) -> int:
+        with psycopg.connect(self.dsn, autocommit=True, connect_timeout=2) as conn:
+            # As tests/faults/test_replica.py: the timeline of the WAL being written now.
+            row = conn.execute(
+                b"SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int"
+            ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    def _wait(self, predicate: Any, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            for m in self.members:
+                if m.proc is not None and m.proc.poll() is not None:
+                    raise ClusterError(f"patroni {m.name} exited:\n{_tail(m.log)}")
+            time.sleep(0.2)
+        logs = "\n".join(f"-- {m.name}:\n{_tail(m.base / 'patroni.log')}" for m in self.members)
+        raise ClusterError(
+            f"timed out after {timeout:.0f}s waiting for {what}; topology {self.topology()}\n{logs}"
+        )
+
+    # -- faults ---------------------------------------------------------------------------
+
+    def patronictl(self, *args: str, timeout: float = 60) -> str:
+        proc = subprocess.run(
+            ["patronictl", "-c", str(self.members[0].config), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if proc.returncode != 0:
+            raise ClusterError(f"patronictl {' '.join(args)}: {proc.stderr or proc.stdout}")
+        return proc.stdout
+
+    def kill_postmaster(self, name: str) -> None:
+        os.kill(self.member(name).postmaster_pid(), signal.SIGKILL)
+
+    def switchover(self, leader: str, candidate: str) -> str:
+        return self.patronictl(
+            "switchover", "--leader", leader, "--candidate", candidate, "--force", self.scope
+        )
+
+    def failover(self, candidate: str) -> str:
+        return self.patronictl("failover", "--candidate", candidate, "--force", self.scope)
+
+    def partition(self, name: str) -> None:
+        """Cut member ``name``'s Patroni off etcd (its proxy blackholes, open connections
+        included); its PostgreSQL still serves replication and clients."""
+        proxy = self.member(name).etcd_proxy
+        proxy.blackhole()
+        proxy.cut()
+
+    def heal(self, name: str) -> None:
+        self.member(name).etcd_proxy.heal()
+
+    def __enter__(self) -> PatroniCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

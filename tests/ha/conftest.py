@@ -1,0 +1,23 @@
+"""The HA tests' cluster: one three-member Patroni cluster (etcd, HAProxy) per test module,
+started by the module's first test and killed after its last, failing or not.
+
+A module sets ``SYNCHRONOUS = True`` for Patroni's ``synchronous_mode``. Skipped, with the
+reason, when patroni, etcd or haproxy is missing (``scripts/test`` installs them as root).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from .cluster import PatroniCluster, missing_tools
+
+
+@pytest.fixture(scope="module")
+def cluster(request: pytest.FixtureRequest) -> Iterator[PatroniCluster]:
+    why = missing_tools()
+    if why is not None:
+        pytest.skip(why)
+    with PatroniCluster(synchronous=getattr(request.module, "SYNCHRONOUS", False)) as c:
+        yield c

@@ -1,0 +1,116 @@
+"""The faults the HA tests inject, and one fault's whole scenario under load.
+
+Each fault returns once it has been injected; :func:`run_fault` then waits for the cluster
+to heal, for the workload to succeed again on the new primary, stops the load and checks
+its history (tests/ha/workload.py).
+
+``TENURE_HA_ALL=1`` runs every fault in both modes; by default CI runs a few (the suite's
+time budget): see tests/ha/test_patroni_*.py.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from .cluster import PatroniCluster
+from .workload import Recovery, Workload
+
+WARM_UP_TIMEOUT = 60.0
+RECOVERY_TIMEOUT = 60.0
+STEADY = 3.0  # seconds of load before the fault and after the recovery
+ALL = os.environ.get("TENURE_HA_ALL", "") not in ("", "0")
+
+
+def kill_postmaster(c: PatroniCluster) -> str:
+    leader = c.leader()
+    assert leader is not None
+    c.kill_postmaster(leader)
+    return f"kill -9 of {leader}'s postmaster"
+
+
+def switchover(c: PatroniCluster) -> str:
+    leader, candidate = c.leader(), c.replicas()[0]
+    assert leader is not None
+    c.switchover(leader, candidate)
+    return f"patronictl switchover {leader} -> {candidate}"
+
+
+def failover(c: PatroniCluster) -> str:
+    candidate = c.replicas()[0]
+    c.failover(candidate)
+    return f"patronictl failover to {candidate}"
+
+
+def partition(c: PatroniCluster) -> str:
+    """Cut the leader's Patroni off etcd until another member leads, then heal."""
+    leader = c.leader()
+    assert leader is not None
+    c.partition(leader)
+    try:
+        c._wait(lambda: c.leader() not in (None, leader), 90, "a new leader")
+    finally:
+        c.heal(leader)
+    return f"{leader}'s Patroni partitioned from etcd until another member led"
+
+
+FAULTS: dict[str, Callable[[PatroniCluster], str]] = {
+    "kill9": kill_postmaster,
+    "switchover": switchover,
+    "failover": failover,
+    "partition": partition,
+}
+
+
+def _wait(predicate: Callable[[], object], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out after {timeout:.0f}s waiting for {what}"
+        time.sleep(0.2)
+
+
+def run_fault(c: PatroniCluster, fault: str, out: Path) -> tuple[str, Recovery]:
+    """One fault under load; asserts the checks; returns what was done and the recovery."""
+    out.mkdir(parents=True, exist_ok=True)
+    load = Workload(c.dsn, f"ha_{uuid.uuid4().hex[:10]}", out)
+    try:
+        load.start()
+        _wait(
+            lambda: load.relay_lines() and load.exec_lines() and load.probes,
+            WARM_UP_TIMEOUT,
+            "the workload's first delivery, exec run and acquire",
+        )
+        time.sleep(STEADY)
+        assert not load.running(), load.running()
+        fault_t = time.time()
+        what = FAULTS[fault](c)
+        c.wait_healthy()
+        timeline = c.timeline()
+        _wait(
+            lambda: all(v is not None for v in vars(load.recovery(fault_t, timeline)).values()),
+            RECOVERY_TIMEOUT,
+            f"an acquire, a claim and a delivery on timeline {timeline} after the fault",
+        )
+        recovery = load.recovery(fault_t, timeline)
+        exec_before = len(load.exec_lines())
+        _wait(lambda: len(load.exec_lines()) > exec_before, RECOVERY_TIMEOUT, "an exec run")
+        time.sleep(STEADY)
+        assert not load.running(), load.running()
+        load.stop()
+        report = load.check()
+    finally:
+        load.kill()
+    summary = (
+        f"{what} ({'synchronous' if c.synchronous else 'asynchronous'}): {recovery.describe()}; "
+        f"timeline {timeline}; {report.counts}; lost acknowledged runs {len(report.lost_acks)}"
+    )
+    print(summary)
+    with (Path(os.environ.get("TENURE_HA_REPORT", os.devnull))).open("a") as f:
+        f.write(summary + "\n")
+    assert not report.violations, "\n".join(report.violations[:20])
+    if c.synchronous:
+        assert not report.lost_acks, "\n".join(report.lost_acks[:20])
+    return what, recovery

@@ -1,0 +1,25 @@
+"""Patroni faults with asynchronous replication (Patroni's default), under load.
+
+The timeline floor in every token keeps tokens unique across a promotion even when the
+last commits are lost; see docs/topologies/patroni.md. ``-m ha`` runs the HA tests alone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from .cluster import PatroniCluster
+from .faults import ALL, run_fault
+
+SYNCHRONOUS = False
+pytestmark = [pytest.mark.ha, pytest.mark.slow, pytest.mark.timeout(240)]
+
+CI_FAULTS = ["kill9"]
+FAULTS = ["kill9", "switchover", "failover", "partition"] if ALL else CI_FAULTS
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_fault_under_load(cluster: PatroniCluster, fault: str, tmp_path: Path) -> None:
+    run_fault(cluster, fault, tmp_path)
