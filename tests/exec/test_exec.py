@@ -248,6 +248,19 @@ def test_leftover_processes_in_the_group_are_killed(env: dict[str, str], tmp_pat
     _wait_for(lambda: not _alive(pid), "the leftover sleep to be killed", timeout=5)
 
 
+def _freeze_past_ttl(proc: subprocess.Popen[str], group: int, client: tenure.Client) -> None:
+    """SIGSTOP `tenure exec` and its command's group until the lease of 'job' has expired
+    by the database clock."""
+    os.kill(proc.pid, signal.SIGSTOP)
+    os.killpg(group, signal.SIGSTOP)
+
+    def expired() -> bool:
+        info = client.inspect("job")
+        return info is not None and not info.held
+
+    _wait_for(expired, "the frozen holder's lease to expire by the database clock")
+
+
 # -- paused past the TTL ------------------------------------------------------------------------
 
 
@@ -280,14 +293,7 @@ def test_paused_holder_and_command_cannot_store_their_result(
     )
     token_a = int((d / "a_token").read_text())
     group_a = int(pidfile.read_text())
-    os.kill(first.pid, signal.SIGSTOP)
-    os.killpg(group_a, signal.SIGSTOP)
-
-    def expired() -> bool:
-        info = client.inspect("job")
-        return info is not None and not info.held
-
-    _wait_for(expired, "A's lease to expire by the database clock")
+    _freeze_past_ttl(first, group_a, client)
     script_b = (
         f"echo $TENURE_FENCING_TOKEN > {d}/b_token; "
         f"""echo '{{"by": "B"}}' | {PY} -m tenure result put"""
@@ -387,14 +393,7 @@ def test_paused_holder_write_inside_exec_is_strict_however_the_token_is_passed(
     reap.append(proc)
     _wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), "the command", proc=proc)
     group = int(pidfile.read_text())
-    os.kill(proc.pid, signal.SIGSTOP)
-    os.killpg(group, signal.SIGSTOP)
-
-    def expired() -> bool:
-        info = client.inspect("job")
-        return info is not None and not info.held
-
-    _wait_for(expired, "the frozen holder's lease to expire by the database clock")
+    _freeze_past_ttl(proc, group, client)
     successor = client.acquire("job", ttl=300)  # takes over, writes nothing
     assert successor is not None and successor.token == 2
     (d / "go").touch()
@@ -410,6 +409,7 @@ def test_paused_holder_write_inside_exec_is_strict_however_the_token_is_passed(
     assert stored is not None and stored.token == 1  # accepted only under the seed's rule
     code, _, err = _finish(proc, timeout=PATIENCE * 3)
     assert code == 75, err
+
 
 # -- lease lost while the command runs ----------------------------------------------------------
 
@@ -527,12 +527,40 @@ def test_sigterm_is_forwarded_and_the_lease_released(
     assert info is not None and not info.held
 
 
-def _stubborn(tmp_path: Path, pidfile: Path) -> str:
-    """A command that notes every SIGTERM and SIGINT and keeps running."""
-    return (
-        f"trap 'echo term >> {tmp_path}/seen' TERM; trap 'echo int >> {tmp_path}/seen' INT; "
+def _stubborn_after_sigterm(
+    env: dict[str, str],
+    tmp_path: Path,
+    reap: list[subprocess.Popen[str]],
+    groups: list[Path],
+    grace: str,
+) -> tuple[subprocess.Popen[str], int]:
+    """`tenure exec --grace GRACE` running a command that notes every SIGTERM and SIGINT and
+    keeps running, once it has seen the SIGTERM sent to `tenure exec`: (exec, command pid)."""
+    pidfile, seen = tmp_path / "pid", tmp_path / "seen"
+    groups.append(pidfile)
+    script = (
+        f"trap 'echo term >> {seen}' TERM; trap 'echo int >> {seen}' INT; "
         f"echo $$ > {pidfile}; while :; do sleep 0.05; done"
     )
+    proc = _exec(["--key", "job", "--grace", grace, "--", "sh", "-c", script], env)
+    reap.append(proc)
+    _wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), "the command", proc=proc)
+    proc.send_signal(signal.SIGTERM)
+    _wait_for(seen.exists, "the command to see SIGTERM", proc=proc)
+    assert seen.read_text().split()[0] == "term"
+    return proc, int(pidfile.read_text())
+
+
+def _ends_in_sigkill(proc: subprocess.Popen[str], pid: int, client: tenure.Client) -> str:
+    """exec exits 137 (generous wait: it only bounds a hang), the command is gone and the
+    lease released; returns exec's stderr."""
+    code, _, err = _finish(proc, timeout=PATIENCE * 3)
+    assert code == 128 + signal.SIGKILL, err
+    assert "SIGKILL" in err and "Traceback" not in err, err
+    assert not _alive(pid)
+    info = client.inspect("job")
+    assert info is not None and not info.held
+    return err
 
 
 def test_forwarded_sigterm_not_obeyed_ends_in_sigkill_after_grace(
@@ -545,24 +573,8 @@ def test_forwarded_sigterm_not_obeyed_ends_in_sigkill_after_grace(
     """Issue 31: a command that ignores the SIGTERM `tenure exec` passed on gets SIGKILL
     (its whole group) after --grace, and the lease is released. Before the fix it ran on,
     its lease renewed, until this test's timeout."""
-    pidfile = tmp_path / "pid"
-    groups.append(pidfile)
-    proc = _exec(
-        ["--key", "job", "--grace", "1s", "--", "sh", "-c", _stubborn(tmp_path, pidfile)], env
-    )
-    reap.append(proc)
-    _wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), "the command", proc=proc)
-    pid = int(pidfile.read_text())
-    proc.send_signal(signal.SIGTERM)
-    _wait_for((tmp_path / "seen").exists, "the command to see SIGTERM", proc=proc)
-    # Generous: the SIGKILL is due 1 s after the SIGTERM; the wait only bounds a hang.
-    code, _, err = _finish(proc, timeout=PATIENCE * 3)
-    assert code == 128 + signal.SIGKILL, err
-    assert "SIGKILL" in err and "--grace" in err and "Traceback" not in err, err
-    assert not _alive(pid)
-    assert (tmp_path / "seen").read_text().split()[0] == "term"
-    info = client.inspect("job")
-    assert info is not None and not info.held
+    proc, pid = _stubborn_after_sigterm(env, tmp_path, reap, groups, grace="1s")
+    assert "--grace 1s" in _ends_in_sigkill(proc, pid, client)
 
 
 @pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
@@ -577,23 +589,9 @@ def test_second_signal_sigkills_a_command_that_ignored_the_first(
     """Issue 31: once a SIGTERM was passed on, a second SIGTERM or SIGINT to `tenure exec`
     SIGKILLs the command's group at once: with a --grace of an hour, only that can end it
     before this test's timeout."""
-    pidfile = tmp_path / "pid"
-    groups.append(pidfile)
-    proc = _exec(
-        ["--key", "job", "--grace", "1h", "--", "sh", "-c", _stubborn(tmp_path, pidfile)], env
-    )
-    reap.append(proc)
-    _wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), "the command", proc=proc)
-    pid = int(pidfile.read_text())
-    proc.send_signal(signal.SIGTERM)
-    _wait_for((tmp_path / "seen").exists, "the command to see SIGTERM", proc=proc)
+    proc, pid = _stubborn_after_sigterm(env, tmp_path, reap, groups, grace="1h")
     proc.send_signal(second)
-    code, _, err = _finish(proc, timeout=PATIENCE * 3)
-    assert code == 128 + signal.SIGKILL, err
-    assert "SIGKILL" in err and second.name in err and "Traceback" not in err, err
-    assert not _alive(pid)
-    info = client.inspect("job")
-    assert info is not None and not info.held
+    assert second.name in _ends_in_sigkill(proc, pid, client)
 
 
 def test_sigterm_while_waiting_for_the_lease_ends_tenure_cleanly(
