@@ -591,7 +591,7 @@ def fill_pool(client: tenure.Client, n: int) -> None:
     gate = threading.Barrier(n)
 
     def hold() -> None:
-        with client._pool.connection():
+        with client.connection():
             gate.wait(timeout=30)
 
     threads = [threading.Thread(target=hold, daemon=True) for _ in range(n)]
@@ -654,7 +654,7 @@ def measure(env: Env, case: Case, n: int, seconds: float, rounds: int) -> Row:
     if n == 1:
         # Trace every connection the operation could use: the thread's own connection and
         # the one connection of the pool_size=1 client.
-        with env.clients[1]._pool.connection() as pooled:
+        with env.clients[1].connection() as pooled:
             pass
         for side in ("raw", "tenure"):
             round_trips[side], statements[side] = count_round_trips(

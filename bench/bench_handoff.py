@@ -97,7 +97,7 @@ def one_round(
     try:
         if how == "release":
             time.sleep(hold)
-            ended = holder_client._fetch(
+            ended = holder_client.fetch(
                 "release",
                 {
                     "job_key": key,

@@ -17,13 +17,14 @@ the slots in the window (after a warm-up):
   minute's burst (slots from 2 s before the minute to 59.5 s after) and runs/s is its runs
   divided by the lateness of the last one to start (its drain rate);
 * ``late p50/p99/max``: ``started_at - slot`` of those runs, in ms;
-* ``skipped``: slots recorded as misfire-skipped (every skipped slot gets a history row);
+* ``skipped``: slots recorded as misfire-skipped (a run of them is one history row with its
+  count);
 * ``behind``: slots due in the window with neither a run nor a skip row when the window
   ended (the backlog of a saturated worker, recorded as skipped or run later);
 * ``dupes``: slots run twice. Anything but 0 is a failure: the script exits 1;
 * ``early``: runs whose start was recorded before their slot by the database clock (a job
   claimed ahead of its slot must still start at it). Anything but 0 is a failure too;
-* ``saturated``: the workers' "saturated" log lines (see ``tenure.scheduler.worker``).
+* ``saturated``: the workers' "saturated" log lines (see ``tenure.scheduler.saturation``).
 
 ``--compare REF`` runs every row twice, back to back: once with the workers importing tenure
 from ``git archive REF`` (side ``before``), once with this checkout (``after``, or
@@ -279,13 +280,13 @@ def measure(
                 SELECT count(*) FILTER (WHERE started_at IS NOT NULL),
                        count(*) FILTER (WHERE started_at IS NOT NULL)
                            - count(DISTINCT (job_key, slot)) FILTER (WHERE started_at IS NOT NULL),
-                       count(*) FILTER (WHERE outcome = 'misfire_skipped'),
+                       coalesce(sum(slots) FILTER (WHERE outcome = 'misfire_skipped'), 0),
                        percentile_cont(0.5) WITHIN GROUP (
                            ORDER BY extract(epoch FROM started_at - slot)),
                        percentile_cont(0.99) WITHIN GROUP (
                            ORDER BY extract(epoch FROM started_at - slot)),
                        max(extract(epoch FROM started_at - slot)),
-                       count(DISTINCT (job_key, slot)),
+                       count(DISTINCT (job_key, slot)) + coalesce(sum(slots - 1), 0),
                        count(*) FILTER (WHERE started_at < slot)
                 FROM {schema}.job_runs
                 WHERE slot >= %s AND slot < %s AND kind = 'scheduled'

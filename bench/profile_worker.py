@@ -12,7 +12,7 @@ It prints, for the measurement window (after a warm-up):
 * CPU per run of each worker process and of the PostgreSQL backends serving them (``/proc``,
   so the database must run on this machine for the backend column);
 * statements per run, by name and in total: every worker counts the calls of the client's
-  single query path (``AsyncClient._fetch``, wrapped here, nothing in ``src/`` changes), the
+  single query path (``AsyncClient.fetch``, wrapped here, nothing in ``src/`` changes), the
   claim batch sizes and the wall time of each call; the total is cross-checked with the
   committed transactions of the bench's own database (``pg_stat_database``: every tenure
   statement is one autocommit transaction);
@@ -54,7 +54,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 import tenure
-from tenure.scheduler.worker import FIRE_AHEAD
+from tenure.scheduler.claimer import FIRE_AHEAD
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
@@ -100,7 +100,7 @@ def _child() -> None:
     SIGUSR1 appends a snapshot of the counters to $PROFILE_COUNTS (one JSON line)."""
     from tenure.leases._async.client import AsyncClient
 
-    original = AsyncClient._fetch
+    original = AsyncClient.fetch
     calls: dict[str, list[float]] = {}  # name -> [calls, rows, seconds]
     batches: collections.Counter[int] = collections.Counter()
 
@@ -115,7 +115,7 @@ def _child() -> None:
             batches[len(rows) - 1] += 1  # the last row is the "look again at" summary
         return rows
 
-    AsyncClient._fetch = counted  # type: ignore[method-assign]
+    AsyncClient.fetch = counted  # type: ignore[method-assign]
     path = os.environ["PROFILE_COUNTS"]
 
     def snapshot(signum: int, frame: Any) -> None:
@@ -263,7 +263,7 @@ def _fn(names: str, path: str) -> re.Pattern[str]:
 PHASES = (
     (
         "finish (sched_finish)",
-        _fn("_finish|_finish_batches|_record_finished|_ended", r"tenure/scheduler/worker\.py"),
+        _fn("finish|_finish_batches|_record_finished|_ended", r"tenure/scheduler/finisher\.py"),
     ),
     (
         "lease keeper (spawn, renew, stop)",
@@ -282,11 +282,11 @@ PHASES = (
         "plan (rows, cronsim, params)",
         re.compile(
             r"^(\w+\.)*(plan|from_row|start_params|_schedule|policy|differs_from|_report_skipped)"
-            r" \((.*/)?tenure/scheduler/(schedules|claim|worker)\.py:"
+            r" \((.*/)?tenure/scheduler/(schedules|claim|claimer|starter)\.py:"
         ),
     ),
-    ("start (sched_start)", _fn("_start", r"tenure/scheduler/worker\.py")),
-    ("claim (sched_claim)", _fn("_claim_loop", r"tenure/scheduler/worker\.py")),
+    ("start (sched_start)", _fn("_start_due|_send_start", r"tenure/scheduler/starter\.py")),
+    ("claim (sched_claim)", _fn("claim_loop", r"tenure/scheduler/claimer\.py")),
     ("run (execute, result)", _fn("execute|_run", r"tenure/scheduler/(execution|worker)\.py")),
     ("pool", re.compile(r"\((.*/)?psycopg_pool/")),
     ("listen/prune", re.compile(r"\((.*/)?tenure/scheduler/background\.py:")),
@@ -363,7 +363,13 @@ def claim_and_plan(
     the parameters of sched_start for the batch and of sched_finish for its first run."""
     from tenure.db.channels import channel
     from tenure.db.queries import queries
-    from tenure.scheduler.claim import Finished, claims_from_rows, finish_params, start_params
+    from tenure.scheduler.claim import (
+        Finished,
+        RunIdentity,
+        claims_from_rows,
+        finish_params,
+        start_params,
+    )
     from tenure.scheduler.schedules import plan, schedule_from_row
 
     params = {"limit": limit, "exclude": [], "app": APP, "ahead": FIRE_AHEAD}
@@ -387,9 +393,8 @@ def claim_and_plan(
     c, d = planned[0]
     assert d.run_slot is not None and d.run_kind is not None
     [(now,)] = conn.execute("SELECT clock_timestamp()").fetchall()
-    ended = Finished(
-        c.job_key, c.token, c.owner, d.run_slot, d.run_kind, d.attempt, now, True, "succeeded", None
-    )
+    ident = RunIdentity(c.job_key, c.token, c.owner, d.run_slot, d.run_kind, d.attempt, now)
+    ended = Finished(ident, True, "succeeded", None)
     finish = finish_params(
         [ended], channel=channel("jobs", SCHEMA), worker="profile", host="profile", pid=0
     )

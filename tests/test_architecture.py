@@ -219,3 +219,85 @@ def test_layer_rule(source: str, target: str, ok: bool) -> None:
     here, there = layer_of(source), layer_of(target)
     assert here is not None and there is not None
     assert (there[1] == here[1] or there[0] < here[0]) is ok
+
+
+def unit_of(module: str) -> str:
+    """The package (capability) a module belongs to: its unit in LAYERS."""
+    layer = layer_of(module)
+    return layer[1] if layer else module
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_definitions(trees: dict[str, ast.Module]) -> dict[str, set[str]]:
+    """Each private name tenure defines (a function, class, attribute or variable), with the
+    packages that define it."""
+    defined: dict[str, set[str]] = {}
+    for module, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = node.name
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                name = node.attr
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                name = node.id
+            else:
+                continue
+            if _private(name):
+                defined.setdefault(name, set()).add(unit_of(module))
+    return defined
+
+
+def private_reaches(trees: dict[str, ast.Module]) -> list[str]:
+    """Where a package uses another package's private names: ``x._name`` where ``_name`` is
+    defined by other tenure packages and not by this one (``self._x`` and ``cls._x`` are the
+    object's own), and ``from tenure.<other> import _name``. Names tenure does not define
+    (``os._exit``, a NamedTuple's ``_fields``) are someone else's interface."""
+    defined = private_definitions(trees)
+    known = set(trees)
+    found = []
+    for module, tree in trees.items():
+        here = unit_of(module)
+        is_package = module == "tenure" or module.endswith("__init__")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and _private(node.attr):
+                if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                    continue
+                owners = defined.get(node.attr, set())
+                if owners and here not in owners:
+                    found.append(f"{module}:{node.lineno} {ast.unparse(node)} ({min(owners)})")
+            elif isinstance(node, ast.ImportFrom):
+                base = _resolve(module, is_package, node.level, node.module)
+                there = unit_of(base if base in known else base.rsplit(".", 1)[0])
+                if base.startswith("tenure") and there != here:
+                    for alias in node.names:
+                        if _private(alias.name):
+                            found.append(f"{module}:{node.lineno} imports {base}.{alias.name}")
+    return sorted(found)
+
+
+def test_no_package_uses_another_packages_private_names() -> None:
+    """The packages above the lease core reach the database through its public door
+    (:mod:`tenure.db.executor`), not the client's pool or private helpers; the same holds
+    between any two packages."""
+    trees = {m: ast.parse(p.read_text(encoding="utf-8")) for m, p in modules().items()}
+    assert private_reaches(trees) == []
+
+
+def test_the_private_names_check_catches_a_reach() -> None:
+    trees = {
+        "tenure.leases.client": ast.parse(
+            "class Client:\n    def __init__(self):\n        self._pool = 1\ndef _helper(): ...\n"
+        ),
+        "tenure.outbox.relay": ast.parse(
+            "from ..leases.client import _helper\n"
+            "def f(client, row):\n    self = client\n"
+            "    return client._pool, self._pool, row._fields\n"
+        ),
+    }
+    assert private_reaches(trees) == [
+        "tenure.outbox.relay:1 imports tenure.leases.client._helper",
+        "tenure.outbox.relay:4 client._pool (tenure.leases)",
+    ]

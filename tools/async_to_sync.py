@@ -143,7 +143,7 @@ RENAMES: dict[str, str] = {
     "retry_async": "retry",
     "purge_async": "purge",
     "prune_async": "prune",
-    "AsyncFetcher": "Fetcher",
+    "AsyncExecutor": "Executor",
     "aspawn": "spawn",
     # typing / collections.abc / contextlib / builtins
     "AsyncIterator": "Iterator",

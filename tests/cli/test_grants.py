@@ -173,7 +173,7 @@ def test_a_role_with_exactly_the_printed_grants_runs_exec_worker_relay_and_statu
         with tenure.connect(role, schema=schema) as client:
             # The workers' history pruning (it runs at a random moment in a worker's life):
             # the same statement, as the role.
-            client._fetch(
+            client.fetch(
                 "sched_prune",
                 {"retention": dt.timedelta(0), "batch": 10},
                 doing="pruning",

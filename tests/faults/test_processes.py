@@ -65,7 +65,7 @@ def test_sigstop_holder_past_ttl_cannot_commit(
                 holder.kill()
     stored = client.results.get("job")
     assert stored is not None and stored.payload == {"by": "successor"}
-    with client._pool.connection() as conn:
+    with client.connection() as conn:
         ledger = conn.execute(
             tenure.db.queries.compose("SELECT count(*) FROM {schema}.ledger", schema)
         ).fetchone()

@@ -180,7 +180,7 @@ def test_cancelled_sync_wait_acknowledges_an_unreplicated_takeover(
     notices: list[str] = []
     with tenure.connect(primary.dsn, schema="tenure", migrate=True) as client:
         first = _take_over(client, "job", ttl=0.3)
-        with client._pool.connection() as conn:
+        with client.connection() as conn:
             conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
         replica.stop("fast")
         time.sleep(0.5)

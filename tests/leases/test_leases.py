@@ -125,7 +125,7 @@ def test_renewal_that_waited_on_a_row_lock_does_not_revive_expired_lease(
         def renew() -> None:
             try:
                 outcome.append(
-                    lease._client._fetch(
+                    lease._client.fetch(
                         "renew",
                         {
                             "job_key": "job",

@@ -19,7 +19,7 @@ Conn = psycopg.Connection[tuple[object, ...]]
 
 
 def _rows(client: tenure.Client) -> list[tuple[object, ...]]:
-    with client._pool.connection() as c:
+    with client.connection() as c:
         return c.execute(
             sql.SQL(
                 "SELECT topic, key, payload, job_key, token, state FROM {}.outbox ORDER BY id"
@@ -201,7 +201,7 @@ def _set_state(client: tenure.Client, ids: list[int], state: str, **cols: object
     sets = [sql.SQL("state = {}").format(sql.Literal(state))] + [
         sql.SQL("{} = {}").format(sql.Identifier(k), sql.Literal(v)) for k, v in cols.items()
     ]
-    with client._pool.connection() as c:
+    with client.connection() as c:
         c.execute(
             sql.SQL("UPDATE {}.outbox SET {} WHERE id = ANY(%s)").format(
                 sql.Identifier(client.schema), sql.SQL(", ").join(sets)

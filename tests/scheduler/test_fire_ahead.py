@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import tenure
-from tenure.scheduler import worker as worker_module
+from tenure.scheduler import claimer as claimer_module
 from tenure.scheduler.claim import Claim
 from tenure.scheduler.schedules import JobState, plan, schedule_from_row
 from tests.support.scheduler_support import (
@@ -67,7 +67,7 @@ def test_the_claim_takes_a_job_ahead_of_its_slot_only_within_the_fire_ahead_and_
 def test_a_worker_claims_ahead_and_starts_the_run_at_its_slot_by_the_database_clock(
     dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(worker_module, "FIRE_AHEAD", 5.0)
+    monkeypatch.setattr(claimer_module, "FIRE_AHEAD", 5.0)
     prepare(dsn, schema)
     seen: list[tuple[Any, ...]] = []
     app = tenure.Scheduler(dsn, schema=schema, name="a")
@@ -101,7 +101,7 @@ def test_a_worker_claims_ahead_and_starts_the_run_at_its_slot_by_the_database_cl
 def test_a_stopping_worker_gives_back_the_claims_it_took_ahead(
     dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(worker_module, "FIRE_AHEAD", 30.0)
+    monkeypatch.setattr(claimer_module, "FIRE_AHEAD", 30.0)
     prepare(dsn, schema)
     ran: list[str] = []
     app = tenure.Scheduler(dsn, schema=schema, name="a")

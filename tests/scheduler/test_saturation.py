@@ -72,18 +72,20 @@ def test_a_worker_that_cannot_keep_up_says_it_is_saturated_and_records_every_ski
     rows = query(
         dsn,
         schema,
-        "SELECT job_key, slot, started_at IS NOT NULL, outcome FROM {schema}.job_runs "
+        "SELECT job_key, slot, coalesce(last_slot, slot), slots, outcome FROM {schema}.job_runs "
         "WHERE kind = 'scheduled' ORDER BY job_key, slot",
     )
     assert any(outcome == "misfire_skipped" for *_, outcome in rows)
-    by_job: dict[str, list[tuple[dt.datetime, bool]]] = {}
-    for key, slot, ran, _outcome in rows:
-        by_job.setdefault(key, []).append((slot, ran))
-    for key, slots in by_job.items():
-        times = [slot for slot, _ran in slots]
+    by_job: dict[str, list[tuple[dt.datetime, dt.datetime, int]]] = {}
+    for key, slot, last, count, _outcome in rows:
+        assert (last - slot).total_seconds() == count - 1  # a run of skipped slots, counted
+        by_job.setdefault(key, []).append((slot, last, count))
+    for key, spans in by_job.items():
+        times = [slot for slot, _last, _count in spans]
         assert len(times) == len(set(times)), f"{key}: a slot recorded twice"
-        # From the first recorded slot to the last, every second has its row: run or skipped.
-        steps = {(b - a).total_seconds() for a, b in itertools.pairwise(times)}
+        # From the first recorded slot to the last, every second has its row: run or skipped
+        # (a row of skipped slots stands for every second from its slot to its last_slot).
+        steps = {(b[0] - a[1]).total_seconds() for a, b in itertools.pairwise(spans)}
         assert steps <= {1.0}, f"{key}: a slot neither ran nor was recorded as skipped"
 
 

@@ -13,6 +13,7 @@ from tenure import InvalidArgument
 from tenure.scheduler.schedules import (
     MAX_ATTEMPTS,
     JobState,
+    Plan,
     Policy,
     Schedule,
     due_slots,
@@ -163,6 +164,19 @@ T0 = dt.datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 EVERY_MINUTE = Schedule.build("m", cron="* * * * *")
 
 
+def missed(schedule: Schedule, p: Plan) -> list[dt.datetime]:
+    """Every slot ``p`` records as misfire_skipped, its runs of slots spelled out."""
+    out: list[dt.datetime] = []
+    for s in p.skipped:
+        if s.outcome == "misfire_skipped":
+            out.append(s.slot)
+            out += itertools.takewhile(
+                lambda x, s=s: x <= (s.last or s.slot), schedule.iter_after(s.slot)
+            )
+            assert len(out) == len(set(out))
+    return out
+
+
 def state(next_slot: dt.datetime, **kw: object) -> JobState:
     return JobState(next_slot, **kw)  # type: ignore[arg-type]
 
@@ -181,8 +195,8 @@ def test_misfire_latest_runs_the_newest_and_records_the_rest() -> None:
     now = T0 + 3 * MINUTE + dt.timedelta(seconds=10)
     p = plan(EVERY_MINUTE, Policy("latest"), state(T0), now, token=2)
     assert p.run_slot == T0 + 3 * MINUTE
-    assert [s.slot for s in p.skipped] == [T0, T0 + MINUTE, T0 + 2 * MINUTE]
-    assert {s.outcome for s in p.skipped} == {"misfire_skipped"}
+    assert missed(EVERY_MINUTE, p) == [T0, T0 + MINUTE, T0 + 2 * MINUTE]
+    assert [(s.outcome, s.count) for s in p.skipped] == [("misfire_skipped", 3)]
     assert p.next_slot == T0 + 4 * MINUTE
     assert p.done_slot == T0 + 2 * MINUTE
 
@@ -191,7 +205,7 @@ def test_misfire_latest_beyond_grace_runs_nothing() -> None:
     now = T0 + 3 * MINUTE + dt.timedelta(seconds=10)
     p = plan(EVERY_MINUTE, Policy("latest", misfire_grace=5), state(T0), now, token=2)
     assert p.run_slot is None
-    assert len(p.skipped) == 4 and p.done_slot == T0 + 3 * MINUTE
+    assert len(missed(EVERY_MINUTE, p)) == 4 and p.done_slot == T0 + 3 * MINUTE
     assert p.next_slot == T0 + 4 * MINUTE
 
 
@@ -204,7 +218,7 @@ def test_misfire_all_runs_the_oldest_and_keeps_the_rest_due() -> None:
 def test_misfire_all_skips_only_slots_beyond_grace() -> None:
     now = T0 + 3 * MINUTE + dt.timedelta(seconds=10)
     p = plan(EVERY_MINUTE, Policy("all", misfire_grace=90), state(T0), now, token=2)
-    assert [s.slot for s in p.skipped] == [T0, T0 + MINUTE]
+    assert missed(EVERY_MINUTE, p) == [T0, T0 + MINUTE]
     assert p.run_slot == T0 + 2 * MINUTE and p.next_slot == T0 + 3 * MINUTE
 
 
@@ -216,15 +230,39 @@ def test_misfire_skip_runs_only_an_on_time_slot() -> None:
     assert on_time.run_slot == T0 and not on_time.skipped
 
 
-def test_a_huge_backlog_is_recorded_in_bounded_batches() -> None:
+def test_a_huge_cron_backlog_is_recorded_in_bounded_batches_one_record_each() -> None:
+    first = EVERY_MINUTE.next_after(T0)
+    now = first + dt.timedelta(days=2)
+    due, following, capped = due_slots(EVERY_MINUTE, first, now, cap=1000)
+    assert capped and len(due) == 1000 and following == first + 1000 * MINUTE
+    p = plan(EVERY_MINUTE, Policy("latest"), state(first), now, token=3)
+    assert p.run_slot is None and len(p.skipped) == 1
+    [s] = p.skipped
+    assert (s.slot, s.count, s.last, s.outcome) == (first, 1000, due[-1], "misfire_skipped")
+    assert p.next_slot == following and p.done_slot == due[-1]  # the next claim continues
+
+
+def test_a_week_of_missed_every_slots_is_one_record_computed_at_once() -> None:
     every_second = Schedule.build("s", every=dt.timedelta(seconds=1))
     first = every_second.next_after(T0)
-    now = first + dt.timedelta(hours=2)
-    due, following, capped = due_slots(every_second, first, now, cap=1000)
-    assert capped and len(due) == 1000 and following == first + dt.timedelta(seconds=1000)
+    newest = first + dt.timedelta(days=7)
+    now = newest + dt.timedelta(seconds=0.4)
     p = plan(every_second, Policy("latest"), state(first), now, token=3)
-    assert p.run_slot is None and len(p.skipped) == 1000
-    assert p.next_slot == following  # still due: the next claim continues
+    [s] = p.skipped
+    assert (s.slot, s.count, s.last) == (first, 7 * 86400, newest - dt.timedelta(seconds=1))
+    assert s.error.startswith(f"{7 * 86400} slots missed, by ")
+    assert (p.run_slot, p.next_slot) == (newest, newest + dt.timedelta(seconds=1))
+    # misfire="all" with a grace: the oldest slot within it runs, the older ones are one record.
+    p = plan(every_second, Policy("all", 2.0), state(first), now, token=3)
+    assert p.run_slot == newest - dt.timedelta(seconds=1)
+    assert p.skipped[0].count == 7 * 86400 - 1 and p.next_slot == newest
+    # Nothing missed within the grace: nothing recorded.
+    p = plan(every_second, Policy("all", 2.0), state(newest), now, token=3)
+    assert p.run_slot == newest and not p.skipped
+    # skip with a grace shorter than the newest's 0.4s: all of them, the newest too.
+    p = plan(every_second, Policy("skip", 0.1), state(first), now, token=3)
+    assert p.run_slot is None and p.skipped[0].count == 7 * 86400 + 1
+    assert p.done_slot == newest and p.next_slot == newest + dt.timedelta(seconds=1)
 
 
 def test_unfinished_run_is_retried_with_the_next_attempt() -> None:

@@ -21,7 +21,7 @@ import tenure
 from tenure.db.channels import channel
 from tenure.db.queries import query as named_query
 from tenure.scheduler import jobs as ops
-from tenure.scheduler.claim import Finished, finish_params
+from tenure.scheduler.claim import Finished, RunIdentity, finish_params
 from tests.support.scheduler_apps import NEVER
 from tests.support.scheduler_support import InProcessWorker, claim_batch, prepare, query, wait_for
 
@@ -108,9 +108,9 @@ def test_start_and_finish_are_never_prepared(dsn: str, schema: str) -> None:
             "pid": 1,
         }
         for _ in range(8):
-            client._fetch("sched_finish", finish_params([], **where), doing="finishing")
+            client.fetch("sched_finish", finish_params([], **where), doing="finishing")
             claim_batch(client, limit=1)
-        with client._pool.connection() as conn:
+        with client.connection() as conn:
             prepared = [
                 text
                 for (text,) in conn.execute(
@@ -151,7 +151,12 @@ def test_a_small_finish_batch_reads_its_rows_by_index(dsn: str, schema: str) -> 
         query(dsn, schema, f"VACUUM ANALYZE {{schema}}.{table}")
     now = dt.datetime.now(dt.UTC)
     batch = [
-        Finished(f"job-{n}", n, uuid.uuid4(), now, "scheduled", 1, now, True, "succeeded", None)
+        Finished(
+            RunIdentity(f"job-{n}", n, uuid.uuid4(), now, "scheduled", 1, now),
+            True,
+            "succeeded",
+            None,
+        )
         for n in (1, 2, 3)
     ]
     params = finish_params(batch, channel=channel("jobs", schema), worker="w", host="h", pid=1)
@@ -193,7 +198,7 @@ def test_a_claimed_job_is_not_due_again_until_its_lease_expires(dsn: str, schema
         )
         assert (due_at, passed) == (claim.lease_until, False)
         assert claim_batch(client, limit=5)[0] == []
-        client._fetch(
+        client.fetch(
             "sched_unclaim",
             {"keys": ["k"], "tokens": [claim.token], "owners": [claim.owner]},
             doing="giving back",
@@ -300,19 +305,19 @@ def test_a_long_run_is_in_history_while_it_runs_and_completed_in_place(
     assert len(query(dsn, schema, history)) == 1
 
 
-def test_a_worker_refuses_a_schema_before_migration_12(dsn: str, schema: str) -> None:
-    """Its start statement records runs in migration 12's columns: on an older schema every
-    start failed, logged as a warning, slot after slot, instead of the worker refusing to
-    start with what to do."""
+def test_a_worker_refuses_a_schema_before_the_one_it_needs(dsn: str, schema: str) -> None:
+    """Its start statement records runs in migration 12's columns (and skipped slots in 13's):
+    on an older schema every start failed, logged as a warning, slot after slot, instead of
+    the worker refusing to start with what to do."""
     prepare(dsn, schema)
-    query(dsn, schema, "DELETE FROM {schema}.tenure_migrations WHERE version = 12")
+    query(dsn, schema, "DELETE FROM {schema}.tenure_migrations WHERE version >= 12")
     app = tenure.Scheduler(dsn, schema=schema)
     app.add_job("k", lambda ctx: None, cron=NEVER, ttl="30s")
     worker = InProcessWorker(app)
     with pytest.raises(AssertionError, match="worker failed"):
         worker.__enter__()
     assert isinstance(worker.error, tenure.SchemaNotReady), worker.error
-    assert "version 11, need 12" in str(worker.error)
+    assert "version 11, need 13" in str(worker.error)
     assert "tenure migrate" in str(worker.error)
 
 

@@ -30,7 +30,7 @@ def emit(**fields: object) -> None:
 
 def pause(client: tenure.Client, key: str, ttl: float) -> None:
     dsn = os.environ["TENURE_DSN"]
-    with client._pool.connection() as conn:
+    with client.connection() as conn:
         conn.execute(
             compose("CREATE TABLE IF NOT EXISTS {schema}.ledger (note text)", client.schema)
         )
@@ -113,7 +113,7 @@ def contend(client: tenure.Client, key: str, seconds: float) -> None:
             # Renew somewhere around the expiry: sometimes early, sometimes just too late.
             time.sleep(random.uniform(0.5, 1.2) * ttl)
             try:
-                until = lease._client._fetch(
+                until = lease._client.fetch(
                     "renew",
                     {
                         "job_key": key,
@@ -136,7 +136,7 @@ def contend(client: tenure.Client, key: str, seconds: float) -> None:
             )
         if random.random() < 0.5:
             # Release early (as a finished job does); record when, by the database clock.
-            released = client._fetch(
+            released = client.fetch(
                 "release",
                 {
                     "job_key": key,

@@ -77,7 +77,7 @@ def claim_batch(
     exclude: Sequence[str] = (),
 ) -> tuple[list[Claim], Sequence[Any]]:
     """One ``sched_claim`` as a worker of ``app`` sends it: the claims and the summary row."""
-    rows = client._fetch(
+    rows = client.fetch(
         "sched_claim",
         {"limit": limit, "exclude": list(exclude), "app": app, "ahead": ahead},
         doing="claiming",

@@ -266,3 +266,41 @@ def test_actions_in_the_browser_need_the_credential_and_carry_csrf(
             "the pause to be confirmed",
         )
         assert paused(dsn, schema, "report")
+
+
+def test_live_refresh_keeps_what_is_typed_in_the_search_box_and_its_focus(
+    dsn: str, schema: str, browser: Any
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    register_job(dsn, schema, "tenant-7/report")
+    env = tenure_env(dsn, schema)
+    with ui_server(dsn, schema) as ui:
+        open_live(browser, ui.url + "jobs")
+        box = browser.find_element(By.CSS_SELECTOR, "input[name=q]")
+        box.click()
+        box.send_keys("tenant-")
+        before = int(browser.execute_script("return document.body.dataset.refreshes || '0'"))
+        # Each pause and resume from another process is a change the open page reloads for.
+        for command in ("pause", "resume", "pause"):
+            out = run_tenure(["jobs", command, "tenant-7/report"], env)
+            assert out.returncode == 0, out.stderr
+        wait_until(
+            browser,
+            lambda d: (
+                int(d.execute_script("return document.body.dataset.refreshes || '0'")) >= before + 2
+            ),
+            10,
+            "two live refreshes of the jobs page",
+        )
+        assert same_document(browser)
+        box = browser.find_element(By.CSS_SELECTOR, "input[name=q]")
+        assert box.get_attribute("value") == "tenant-"
+        assert browser.execute_script("return document.activeElement.name") == "q"
+        assert browser.execute_script("return document.activeElement.selectionStart") == 7
+        # The refreshed content is the server's (the row shows the last change).
+        row = browser.find_element(By.CSS_SELECTOR, "table.jobs tbody tr")
+        assert "paused" in row.text
+        # A local time always carries the browser's zone (this browser's is UTC).
+        shown = browser.find_element(By.CSS_SELECTOR, "table.jobs tbody time").text
+        assert shown.endswith((" UTC", " GMT")), shown

@@ -71,3 +71,25 @@ def test_bidi_and_control_characters_in_keys_are_escaped(dsn: str, schema: str) 
     for body in (jobs, job):
         assert "\u202e" not in body and "\x1b" not in body
         assert "\\u202e" in body and "\\x1b" in body
+
+
+def test_a_cron_jobs_next_slot_is_also_shown_in_its_own_zone(dsn: str, schema: str) -> None:
+    import tenure
+
+    app = tenure.Scheduler(dsn, schema=schema, migrate=True)
+    app.add_job("ny/open", lambda ctx: None, cron="30 9 * * *", timezone="America/New_York")
+    app.add_job("utc/close", lambda ctx: None, cron="0 17 * * *")
+    app.register()
+    [(s1, job), (s2, jobs), (s3, plain)] = pages(
+        dsn,
+        schema,
+        ("/job", "key=ny%2Fopen"),
+        ("/jobs", ""),
+        ("/job", "key=utc%2Fclose"),
+    )
+    assert (s1, s2, s3) == (200, 200, 200)
+    # 09:30 in New York, whatever the server's or the browser's zone.
+    in_new_york = r'<small class="tz">\(\d{4}-\d\d-\d\d 09:30:00 America/New_York\)</small>'
+    assert re.search(in_new_york, job)
+    assert "09:30:00 America/New_York" in jobs
+    assert 'class="tz"' not in plain  # a UTC job's times need no second zone

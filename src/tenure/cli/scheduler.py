@@ -446,7 +446,7 @@ def jobs_history(
                 _when(row.slot),
                 row.kind if row.attempt == 1 else f"{row.kind} #{row.attempt}",
                 str(row.token),
-                row.outcome,
+                row.outcome if row.slots == 1 else f"{row.outcome} x{row.slots}",
                 _when(row.started_at),
                 _when(row.finished_at),
                 f"{row.host}:{row.pid}",

@@ -77,8 +77,7 @@ class OnceResults:
         :class:`~tenure.StaleTokenError` once another process has taken the job over."""
         ctx = self._ctx
         client = ctx.client
-        with client._pool.connection() as conn, conn.transaction():
-            fence(conn, ctx.job_key, ctx.token, schema=client.schema)
+        with client.fenced(ctx.job_key, ctx.token) as conn:
             return client.results.put(ctx.job_key, payload, token=ctx.token, conn=conn)
 
     def get(self) -> Result | None:

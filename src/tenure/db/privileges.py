@@ -61,6 +61,11 @@ TABLES: tuple[TableNeed, ...] = (
         "`tenure relay` (the topics each live relay handles), `tenure outbox list`",
     ),
     TableNeed(
+        "scheduler_workers",
+        ("SELECT", "INSERT", "UPDATE", "DELETE"),
+        "`tenure worker` (the job keys each live worker defines), `tenure jobs`",
+    ),
+    TableNeed(
         "exec_runs",
         ("SELECT", "INSERT", "UPDATE", "DELETE"),
         "`tenure exec` run history (DELETE: retention), `tenure status`",

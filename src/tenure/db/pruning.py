@@ -14,14 +14,15 @@ from collections.abc import Iterable
 from ..errors import TenureError
 from ._async.pruning import prune_async
 from ._sync.pruning import prune
-from .retention import EVERY, FIRST_WITHIN, NAMES, AsyncFetcher, Fetcher, Retention, age_text
+from .executor import AsyncExecutor, Executor
+from .retention import EVERY, FIRST_WITHIN, NAMES, Retention, age_text
 
 log = logging.getLogger("tenure.retention")
 
 
-def preview(client: Fetcher, retention: Retention) -> dict[str, int]:
+def preview(client: Executor, retention: Retention) -> dict[str, int]:
     """How many rows a pass would delete now, per table (``tenure prune --dry-run``)."""
-    rows = client._fetch(
+    rows = client.fetch(
         "retention_preview",
         {
             "retention": dt.timedelta(seconds=retention.history),
@@ -37,7 +38,7 @@ def describe(counts: dict[str, int]) -> str:
 
 
 async def prune_forever(
-    client: AsyncFetcher, retention: Retention, *, tables: Iterable[str], who: str
+    client: AsyncExecutor, retention: Retention, *, tables: Iterable[str], who: str
 ) -> None:
     """Every :data:`EVERY` seconds (the first time at a random moment within
     :data:`FIRST_WITHIN` seconds, so processes started together do not prune together), a

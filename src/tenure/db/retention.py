@@ -30,7 +30,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from ..errors import InvalidArgument
 from ..validation import Duration, check_int, parse_duration
@@ -118,18 +118,6 @@ def check_inbox_retention(value: Duration, *, what: str = "inbox_retention") -> 
             "applied again (see docs/retention.md)"
         )
     return seconds
-
-
-class AsyncFetcher(Protocol):
-    async def _fetch(
-        self, name: str, params: dict[str, Any], *, doing: str, wrote: bool = False
-    ) -> list[tuple[Any, ...]]: ...
-
-
-class Fetcher(Protocol):
-    def _fetch(
-        self, name: str, params: dict[str, Any], *, doing: str, wrote: bool = False
-    ) -> list[tuple[Any, ...]]: ...
 
 
 def tables_named(names: Iterable[str]) -> list[Table]:

@@ -52,7 +52,7 @@ def _bounded(write: Callable[[], Any], what: str) -> None:
 
 def record_start(client: Client, key: str, token: int, slot: str | None) -> None:
     _bounded(
-        lambda: client._fetch(
+        lambda: client.fetch(
             "exec_run_start",
             {
                 "job_key": key,
@@ -72,7 +72,7 @@ def record_finish(
     client: Client, key: str, token: int, outcome: str, exit_code: int, error: str | None
 ) -> None:
     _bounded(
-        lambda: client._fetch(
+        lambda: client.fetch(
             "exec_run_finish",
             {
                 "job_key": key,

@@ -137,7 +137,7 @@ def _run(req: ExecRequest, child: Supervisor) -> int:
         return _run_connected(client, conninfo, req, child)
     finally:
         # Bounded: with the database gone, the pool must not hold the exit for long.
-        client._pool.close(timeout=1.0)
+        client.close(timeout=1.0)
 
 
 def _run_connected(client: Client, conninfo: str, req: ExecRequest, child: Supervisor) -> int:

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 from ..db.queries import query
 from ..errors import InvalidArgument, mapped
-from ..leases._sync.fencing import fence
 from ..validation import check_text
 
 if TYPE_CHECKING:
@@ -85,7 +84,7 @@ def format_slot(instant: dt.datetime) -> str:
 def slot_state(client: Client, job_key: str, slot: str | None, every: int | None) -> SlotState:
     """The slot (named by ``slot``, by the database clock rounded to ``every`` seconds, or
     ``slot@time`` with both) and whether it already completed, in one round trip."""
-    rows = client._fetch(
+    rows = client.fetch(
         "exec_slot_check",
         {"job_key": job_key, "slot": slot, "every": every, "schema": client.schema},
         doing=f"checking the schedule slot of {job_key!r}",
@@ -116,8 +115,7 @@ def record_slot(
         "token": lease.token,
         "open_until": open_until,
     }
-    with mapped(doing, wrote=True), client._pool.connection() as conn, conn.transaction():
-        fence(conn, lease.job_key, lease.token, schema=client.schema)
+    with mapped(doing, wrote=True), client.fenced(lease.job_key, lease.token) as conn:
         conn.execute(query(client.schema, "exec_slot_done"), params)
     log.info("slot %r marked done", slot, extra=extra or {"job": lease.job_key})
 

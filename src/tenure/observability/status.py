@@ -110,7 +110,7 @@ def _iso(value: dt.datetime | None) -> str | None:
 
 def overview(client: Client, *, window: float = 3600.0) -> list[JobOverview]:
     """Every job key with a lease or a schedule, ordered by key."""
-    rows = client._fetch(
+    rows = client.fetch(
         "status_jobs",
         {"window": dt.timedelta(seconds=window)},
         doing="reading the status of every job",

@@ -55,6 +55,7 @@ from ..validation import (
 )
 from .isolation import importable
 from .schedules import MISFIRE_POLICIES, ON_CRASH_POLICIES, QUARANTINE_AFTER, Policy, Schedule
+from .settings import WorkerSettings
 from .spec import JobFunction, JobSpec
 from .vacuum import DEFAULT_EVERY as DEFAULT_VACUUM_EVERY
 from .worker import Worker, register
@@ -289,14 +290,8 @@ class Scheduler:
         if self._worker is not None:
             raise InvalidArgument("this Scheduler is already running a worker")
         worker = Worker(
-            self,
-            concurrency=self.concurrency
-            if concurrency is None
-            else _check_concurrency(concurrency),
-            shutdown_grace=(
-                self.shutdown_grace if shutdown_grace is None else _check_grace(shutdown_grace)
-            ),
-            adopt=adopt,
+            self.settings(concurrency=concurrency, shutdown_grace=shutdown_grace, adopt=adopt),
+            self.jobs,
         )
         loop = asyncio.get_running_loop()
         handled: list[signal.Signals] = []
@@ -311,6 +306,32 @@ class Scheduler:
             for sig in handled:
                 loop.remove_signal_handler(sig)
             self._worker, self._loop = None, None
+
+    def settings(
+        self,
+        *,
+        concurrency: int | None = None,
+        shutdown_grace: Duration | None = None,
+        adopt: bool = False,
+    ) -> WorkerSettings:
+        """What a worker of this Scheduler runs with: its settings, with those given here
+        (checked) instead of its own."""
+        return WorkerSettings(
+            app=self.name,
+            dsn=self.dsn,
+            schema=self.schema,
+            pool_size=self.pool_size,
+            migrate=self.migrate,
+            retention=self.retention,
+            vacuum_every=self.vacuum_every,
+            concurrency=self.concurrency
+            if concurrency is None
+            else _check_concurrency(concurrency),
+            shutdown_grace=(
+                self.shutdown_grace if shutdown_grace is None else _check_grace(shutdown_grace)
+            ),
+            adopt=adopt,
+        )
 
     @property
     def history_retention(self) -> float:

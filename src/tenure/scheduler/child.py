@@ -43,8 +43,7 @@ class ProcessResults:
         ctx = self._ctx
         client = ctx._connect()
         try:
-            with client._pool.connection() as conn, conn.transaction():
-                fence(conn, ctx.job_key, ctx.token, schema=client.schema)
+            with client.fenced(ctx.job_key, ctx.token) as conn:
                 return client.results.put(ctx.job_key, payload, token=ctx.token, conn=conn)
         except StaleTokenError:
             ctx._stale = True

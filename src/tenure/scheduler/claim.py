@@ -227,16 +227,18 @@ def start_params(
             p["quarantine"] = _text(d.quarantine)
         plans.append(p)
         for s in d.skipped:
-            skipped.append(
-                {
-                    "job_key": claim.job_key,
-                    "slot": s.slot.isoformat(),
-                    "token": claim.token,
-                    "kind": s.kind,
-                    "outcome": s.outcome,
-                    "error": _text(s.error),
-                }
-            )
+            row = {
+                "job_key": claim.job_key,
+                "slot": s.slot.isoformat(),
+                "token": claim.token,
+                "kind": s.kind,
+                "outcome": s.outcome,
+                "error": _text(s.error),
+            }
+            if s.last is not None:  # a run of missed slots: one row with its count
+                row["slots"] = s.count
+                row["last_slot"] = s.last.isoformat()
+            skipped.append(row)
     return {
         "plan": json.dumps(plans, separators=(",", ":")),
         "count": len(plans),
@@ -248,9 +250,10 @@ def start_params(
 
 
 @dataclass(frozen=True, slots=True)
-class InProgress:
-    """A run that started: what its history row holds besides its end (``sched_running``
-    writes it as 'running' for a run still going)."""
+class RunIdentity:
+    """Which run this is, built once when its start is recorded and carried by the run, its
+    'running' row (``sched_running``) and its end (``sched_finish``): everything its history
+    row holds besides how it ended."""
 
     job_key: str
     token: int
@@ -258,6 +261,7 @@ class InProgress:
     slot: dt.datetime
     kind: str
     attempt: int
+    #: The run's start as recorded (database time).
     started_at: dt.datetime
 
     def row(self) -> dict[str, Any]:
@@ -274,9 +278,10 @@ class InProgress:
 
 
 @dataclass(frozen=True, slots=True)
-class Finished(InProgress):
+class Finished:
     """One run's end, as ``sched_finish`` records it."""
 
+    ident: RunIdentity
     done: bool
     outcome: str
     error: str | None
@@ -289,7 +294,7 @@ def finish_params(
     run's end and what its history row needs, which the finish writes (migration 12)."""
     runs = []
     for f in finished:
-        row = f.row()
+        row = f.ident.row()
         row["done"] = f.done
         row["outcome"] = f.outcome
         row["error"] = _text(f.error)
@@ -305,7 +310,7 @@ def finish_params(
 
 
 def running_params(
-    runs: Sequence[InProgress], *, worker: str, host: str, pid: int
+    runs: Sequence[RunIdentity], *, worker: str, host: str, pid: int
 ) -> dict[str, Any]:
     """The parameters of ``sched_running`` (one JSON text)."""
     return {

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import logging
 import os
 import queue
@@ -26,7 +25,7 @@ from typing import Any
 
 from ..errors import LeaseLost, StaleTokenError
 from ..leases._async.lease import AsyncLease
-from .claim import Claim, run_fields
+from .claim import RunIdentity, run_fields
 from .context import JobContext
 from .isolation import ChildFailed, run_isolated
 from .spec import JobSpec
@@ -39,13 +38,10 @@ class Run:
     """A run in flight on this worker."""
 
     spec: JobSpec
-    claim: Claim
-    slot: dt.datetime
-    kind: str
+    ident: RunIdentity
     ctx: JobContext
     lease: AsyncLease
-    #: The run's start as recorded (database time), and when it was launched (monotonic).
-    started_at: dt.datetime
+    #: When it was launched (monotonic; its recorded start is ``ident.started_at``).
     launched: float
     task: asyncio.Task[None] | None = None
     body: asyncio.Future[Any] | None = None
@@ -87,21 +83,26 @@ async def execute(run: Run) -> tuple[str, str | None, float]:
     """Run the job body under its lease (renewed every ttl/3); returns its outcome, the error
     (None on success) and how long it took. Never raises for what the body did."""
     loop = asyncio.get_running_loop()
-    key, token = run.claim.job_key, run.claim.token
+    key, token = run.ident.job_key, run.ident.token
     began = loop.time()
     outcome, error = "succeeded", None
     lease, ctx = run.lease, run.ctx
     keeper: asyncio.TimerHandle | None = None
     if log.isEnabledFor(logging.DEBUG):  # formatting the slot costs a run more than its no-op
-        extra = run_fields(key, token, run.slot)
+        extra = run_fields(key, token, run.ident.slot)
         log.debug("job %r slot %s starts with token %s", key, extra["slot"], token, extra=extra)
+    if lease.lost:
+        # The claim (or its start) was answered after the lease's local deadline, which
+        # counts from when the claim was sent: a request that stalled, e.g. on a primary
+        # being failed over. The body must not start on a lost lease: its fenced writes
+        # could still commit while the slot is retried as lost (two runs of one slot).
+        await lease.stop_keeping()
+        return "lease_lost", f"answered after the lease's local deadline: {lease.lost_reason}", 0.0
     try:
         if run.spec.isolation == "process":
             # The body runs in a child process; cancelling this future stops the child.
-            info = ctx._client._pool.conninfo  # as connected (else: the same resolution)
-            body: asyncio.Future[Any] = asyncio.ensure_future(
-                run_isolated(run.spec, ctx, info if isinstance(info, str) else None)
-            )
+            info = ctx._client.conninfo  # as connected (else: the same resolution)
+            body: asyncio.Future[Any] = asyncio.ensure_future(run_isolated(run.spec, ctx, info))
         elif run.spec.is_async:
             body = asyncio.ensure_future(
                 _guarded(run.spec.fn, ctx, lambda: run.shutdown or lease.lost)
@@ -168,11 +169,12 @@ def _keep(lease: AsyncLease, body: asyncio.Future[Any], cancel_body: bool) -> No
 
 
 def _log_failure(run: Run, error: str, exc: BaseException) -> None:
-    extra = run_fields(run.claim.job_key, run.claim.token, run.slot)
+    ident = run.ident
+    extra = run_fields(ident.job_key, ident.token, ident.slot)
     log.warning(
         "job %r slot %s failed: %s",
-        run.claim.job_key,
-        run.slot.isoformat(),
+        ident.job_key,
+        ident.slot.isoformat(),
         error,
         # An isolated body's traceback went to the child's stderr; the worker's says nothing.
         exc_info=None if isinstance(exc, ChildFailed) else exc,

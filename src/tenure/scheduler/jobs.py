@@ -115,6 +115,10 @@ class RunRecord:
     finished_at: dt.datetime | None
     outcome: str
     error: str | None
+    #: How many consecutive slots the row stands for (a run of missed slots, slot to
+    #: last_slot; version 13); 1 for a run.
+    slots: int = 1
+    last_slot: dt.datetime | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -132,6 +136,8 @@ class RunRecord:
             "finished_at": _iso(self.finished_at),
             "outcome": self.outcome,
             "error": self.error,
+            "slots": self.slots,
+            "last_slot": _iso(self.last_slot),
         }
 
 
@@ -140,7 +146,7 @@ def _iso(value: dt.datetime | None) -> str | None:
 
 
 def list_jobs(client: Client) -> list[JobStatus]:
-    rows = client._fetch("sched_list", {}, doing="listing scheduled jobs")
+    rows = client.fetch("sched_list", {}, doing="listing scheduled jobs")
     out = []
     for row in rows:
         (
@@ -219,7 +225,7 @@ def pause(client: Client, job_key: str, *, channel: str) -> bool:
     """Pause ``job_key``: no new runs (a running one finishes). False if it already was."""
     check_job_key(job_key)
     row = _require(
-        client._fetch(
+        client.fetch(
             "sched_pause",
             {"job_key": job_key, "channel": channel},
             doing=f"pausing {job_key!r}",
@@ -245,13 +251,13 @@ def resume(client: Client, job_key: str, *, channel: str) -> Resumed | None:
     check_job_key(job_key)
     for _ in range(5):
         key, cron, every, tz, revision, paused, _next, _trigger, now, quarantine = _require(
-            client._fetch("sched_get", {"job_key": job_key}, doing=f"reading {job_key!r}"),
+            client.fetch("sched_get", {"job_key": job_key}, doing=f"reading {job_key!r}"),
             job_key,
         )
         if not paused:
             return None
         first = schedule_from_row(key, cron, every, tz).next_after(now)
-        rows = client._fetch(
+        rows = client.fetch(
             "sched_resume",
             {"job_key": job_key, "next_slot": first, "revision": revision, "channel": channel},
             doing=f"resuming {job_key!r}",
@@ -274,7 +280,7 @@ def trigger(client: Client, job_key: str, *, channel: str) -> Triggered:
     """Ask for one run of ``job_key`` now (by any worker that has it)."""
     check_job_key(job_key)
     pending, triggered, paused, _ = _require(
-        client._fetch(
+        client.fetch(
             "sched_trigger",
             {"job_key": job_key, "channel": channel},
             doing=f"triggering {job_key!r}",
@@ -289,7 +295,7 @@ def history(client: Client, job_key: str, *, limit: int = 20) -> list[RunRecord]
     """The newest ``limit`` history rows of ``job_key``, newest first."""
     check_job_key(job_key)
     check_int(limit, what="limit", minimum=1, maximum=MAX_LIMIT)
-    rows = client._fetch(
+    rows = client.fetch(
         "sched_history",
         {"job_key": job_key, "limit": limit},
         doing=f"reading the history of {job_key!r}",

@@ -70,7 +70,7 @@ async def register(
         "adopt": adopt,
         "channel": channel("jobs", client.schema),
     }
-    rows = await client._fetch_sized(
+    rows = await client.fetch_sized(
         "sched_register",
         params,
         doing="registering job definitions",

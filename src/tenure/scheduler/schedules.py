@@ -232,12 +232,15 @@ class JobState:
 
 @dataclass(frozen=True, slots=True)
 class Skipped:
-    """A slot recorded without running: ``misfire_skipped`` or ``abandoned``."""
+    """A slot recorded without running: ``misfire_skipped`` or ``abandoned``. A run of
+    consecutive missed slots is one record: ``count`` slots from ``slot`` to ``last``."""
 
     slot: dt.datetime
     kind: str
     outcome: str
     error: str
+    count: int = 1
+    last: dt.datetime | None = None  # the run's last slot (None: a single slot)
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +258,42 @@ class Plan:
     prior_error: str | None = None
     crash_streak: int = 0  # the job's streak of runs whose worker was gone, after this claim
     quarantine: str | None = None  # quarantine the job (pause it) with this reason
+
+
+class Due:
+    """The due slots of one claim, ``count`` of them from ``first`` (``slot(i)``: the i-th):
+    an ``every`` schedule's by arithmetic, however many (a week of an every-1s job's missed
+    slots is one record, computed at once), a cron schedule's listed by cronsim, at most
+    :data:`MAX_MISSED` per claim (``capped``: the next claim continues)."""
+
+    __slots__ = ("_listed", "capped", "count", "first", "following", "step")
+
+    def __init__(self, schedule: Schedule, first: dt.datetime, now: dt.datetime) -> None:
+        self.first = first
+        self.step: dt.timedelta | None = schedule.every
+        self._listed: list[dt.datetime] = []
+        if self.step is not None:
+            self.count = (now - first) // self.step + 1
+            self.following = first + self.count * self.step
+            self.capped = False
+        else:
+            self._listed, self.following, self.capped = due_slots(schedule, first, now)
+            self.count = len(self._listed)
+
+    def slot(self, i: int) -> dt.datetime:
+        return self._listed[i] if self.step is None else self.first + i * self.step
+
+    def first_within(self, now: dt.datetime, grace: float) -> int:
+        """The index of the oldest slot at most ``grace`` seconds late (``count``: none)."""
+        if self.step is not None:
+            late = (now - self.first).total_seconds() - grace
+            if late <= 0:
+                return 0
+            return min(self.count, -(-dt.timedelta(seconds=late) // self.step))
+        for i, slot in enumerate(self._listed):
+            if (now - slot).total_seconds() <= grace:
+                return i
+        return self.count
 
 
 def due_slots(
@@ -355,36 +394,44 @@ def plan(schedule: Schedule, policy: Policy, state: JobState, now: dt.datetime, 
         first = schedule.next_after(floor)
         next_slot = first
     if first <= now:
-        due, following, capped = due_slots(schedule, first, now)
+        due = Due(schedule, first, now)
         grace = policy.grace()
         if policy.misfire == "all":
-            for i, slot in enumerate(due):
-                if (now - slot).total_seconds() <= grace:
-                    run_slot = slot
-                    next_slot = due[i + 1] if i + 1 < len(due) else following
-                    break
-            missed = due if run_slot is None else due[: due.index(run_slot)]
-            if run_slot is None:
-                next_slot = following
+            # The oldest slot within the grace runs; the ones before it are missed.
+            missed = due.first_within(now, grace)
+            if missed < due.count:
+                run_slot = due.slot(missed)
+                next_slot = due.slot(missed + 1) if missed + 1 < due.count else due.following
+            else:
+                next_slot = due.following
         else:
-            newest = due[-1]
-            if not capped and (now - newest).total_seconds() <= grace:
+            newest = due.slot(due.count - 1)
+            if not due.capped and (now - newest).total_seconds() <= grace:
                 run_slot = newest
-            missed = due if run_slot is None else due[:-1]
-            next_slot = following
-        for slot in missed:
-            late = (now - slot).total_seconds()
+            missed = due.count if run_slot is None else due.count - 1
+            next_slot = due.following
+        if missed:
+            # One record for the whole run of missed slots (issue 31: a row per slot was
+            # 3,600 rows for an hour of an every-1s job's downtime).
+            oldest, last = due.slot(0), due.slot(missed - 1)
+            late = (now - last).total_seconds()
+            what = (
+                f"missed by {late:.3f}s"
+                if missed == 1
+                else f"{missed} slots missed, by {(now - oldest).total_seconds():.3f}s to "
+                f"{late:.3f}s"
+            )
             skipped.append(
                 Skipped(
-                    slot,
+                    oldest,
                     "scheduled",
                     "misfire_skipped",
-                    f"missed by {late:.3f}s (misfire={policy.misfire!r}, "
-                    f"misfire_grace={_grace_text(policy)})",
+                    f"{what} (misfire={policy.misfire!r}, misfire_grace={_grace_text(policy)})",
+                    missed,
+                    None if missed == 1 else last,
                 )
             )
-        if missed:
-            done = max(missed[-1], done) if done is not None else missed[-1]
+            done = max(last, done) if done is not None else last
         if run_slot is not None:
             return Plan(
                 run_slot=run_slot,

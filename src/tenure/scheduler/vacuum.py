@@ -55,7 +55,7 @@ async def vacuum_forever(client: AsyncClient, every: float, *, who: str) -> None
         await asyncio.sleep(every * random.uniform(0.9, 1.1))
         params = due_params(client.schema, every)
         try:
-            [(due, permitted, _tables)] = await client._fetch(
+            [(due, permitted, _tables)] = await client.fetch(
                 "sched_vacuum_due", params, doing="checking the scheduler tables' dead rows"
             )
             if due and not permitted:
@@ -70,7 +70,7 @@ async def vacuum_forever(client: AsyncClient, every: float, *, who: str) -> None
                 return
             if due:
                 began = time.monotonic()
-                await client._fetch("sched_vacuum", {}, doing="vacuuming the scheduler tables")
+                await client.fetch("sched_vacuum", {}, doing="vacuuming the scheduler tables")
                 log.debug(
                     "%s vacuumed the scheduler tables in %.1f ms",
                     who,

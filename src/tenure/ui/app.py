@@ -22,6 +22,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qs, urlencode
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import psycopg
 from jinja2 import Environment, PackageLoader, select_autoescape
@@ -78,7 +79,18 @@ def _env() -> Environment:
         "" if t is None else t.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     )
     env.filters["age"] = _age
+    env.filters["inzone"] = _in_zone
     return env
+
+
+def _in_zone(t: dt.datetime, zone: str) -> str:
+    """``t`` in a job's own time zone, named: a cron job's slot as its schedule reads it
+    (the page's other times are in the browser's zone, or UTC without the script)."""
+    try:
+        local = t.astimezone(ZoneInfo(zone))
+    except (ZoneInfoNotFoundError, ValueError):
+        return zone
+    return f"{local:%Y-%m-%d %H:%M:%S} {zone}"
 
 
 def _age(seconds: float | None) -> str:

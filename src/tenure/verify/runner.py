@@ -283,7 +283,7 @@ def run(
         created = True
         with (
             connect(dsn, schema=schema, migrate=True, pool_size=1) as client,
-            client._pool.connection() as conn,
+            client.connection() as conn,
         ):
             tables.setup(conn, schema)
         if cfg.through is not None:

@@ -310,7 +310,7 @@ class LeaseWorker:
         try:
             # The core release statement (it also wakes waiters), called directly because it
             # returns the database time at which the lease ended, which the checker needs.
-            rows = self.client._fetch(
+            rows = self.client.fetch(
                 "release",
                 {
                     "job_key": lease.job_key,

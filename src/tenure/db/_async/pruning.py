@@ -7,11 +7,11 @@ from collections.abc import Iterable
 
 from ..._acompat import sleep
 from ...errors import TenureError
+from ..executor import AsyncExecutor
 from ..retention import (
     BATCH,
     NAMES,
     PAUSE,
-    AsyncFetcher,
     Retention,
     check_batch,
     deleted,
@@ -20,7 +20,7 @@ from ..retention import (
 
 
 async def prune_async(
-    client: AsyncFetcher,
+    client: AsyncExecutor,
     retention: Retention,
     *,
     tables: Iterable[str] = NAMES,
@@ -40,7 +40,7 @@ async def prune_async(
         total = batches = 0
         try:
             while True:
-                rows = await client._fetch(
+                rows = await client.fetch(
                     table.query,
                     retention.params(table, batch),
                     doing=f"pruning {table.name}",

@@ -10,11 +10,12 @@ from collections.abc import Iterable
 
 from ..._compat import sleep
 from ...errors import TenureError
-from ..retention import BATCH, NAMES, PAUSE, Fetcher, Retention, check_batch, deleted, tables_named
+from ..executor import Executor
+from ..retention import BATCH, NAMES, PAUSE, Retention, check_batch, deleted, tables_named
 
 
 def prune(
-    client: Fetcher,
+    client: Executor,
     retention: Retention,
     *,
     tables: Iterable[str] = NAMES,
@@ -34,7 +35,7 @@ def prune(
         total = batches = 0
         try:
             while True:
-                rows = client._fetch(
+                rows = client.fetch(
                     table.query,
                     retention.params(table, batch),
                     doing=f"pruning {table.name}",

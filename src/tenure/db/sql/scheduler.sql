@@ -331,12 +331,15 @@ WITH plan AS (
     WHERE r.outcome = 'running'
     RETURNING r.job_key
 ), skipped AS (
+    -- A run of missed slots is one row: slots (its count) from slot to last_slot (version 13).
     INSERT INTO {schema}.job_runs
-        (job_key, slot, kind, token, worker_id, host, pid, finished_at, outcome, error)
+        (job_key, slot, kind, token, worker_id, host, pid, finished_at, outcome, error, slots,
+         last_slot)
     SELECT s.job_key, s.slot, s.kind, s.token, %(worker)s, %(host)s, %(pid)s,
-           clock_timestamp(), s.outcome, s.error
+           clock_timestamp(), s.outcome, s.error, coalesce(s.slots, 1), s.last_slot
     FROM json_to_recordset(%(skipped)s::json)
-        AS s(job_key text, slot timestamptz, token bigint, kind text, outcome text, error text)
+        AS s(job_key text, slot timestamptz, token bigint, kind text, outcome text, error text,
+             slots integer, last_slot timestamptz)
     WHERE s.job_key IN (SELECT job_key FROM job)
       -- After the previous run's row (read to the end first): history in the order it
       -- happened (an unreferenced CTE runs at an order of the planner's choosing).
@@ -586,7 +589,7 @@ FROM old AS o;
 
 -- name: sched_history
 SELECT run_id, job_key, slot, kind, attempt, token, owner, worker_id, host, pid, started_at,
-       finished_at, outcome, error
+       finished_at, outcome, error, slots, last_slot
 FROM {schema}.job_runs
 WHERE job_key = %(job_key)s
 ORDER BY run_id DESC

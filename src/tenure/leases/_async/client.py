@@ -6,6 +6,8 @@ import datetime as dt
 import logging
 import select
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from types import TracebackType
 from typing import Any
 
@@ -49,6 +51,7 @@ from ...validation import (
     parse_duration,
 )
 from ..models import Grant, LeaseInfo
+from .fencing import fence_async
 from .lease import AsyncLease, AsyncLeaseContext
 from .results import AsyncResults
 from .waiter import AsyncReleaseWaiter
@@ -93,8 +96,29 @@ class AsyncClient:
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.where} schema={self.schema!r}>"
 
-    async def close(self) -> None:
-        await self._pool.close()
+    async def close(self, timeout: float = 5.0) -> None:
+        """Close the pool, waiting up to ``timeout`` seconds for connections in use."""
+        await self._pool.close(timeout=timeout)
+
+    @property
+    def conninfo(self) -> str | None:
+        """What the pool connects with (None: a pool built with something else than a
+        string), for a process or a listening connection of the caller's own."""
+        conninfo = self._pool.conninfo
+        return conninfo if isinstance(conninfo, str) else None
+
+    def connection(self) -> AbstractAsyncContextManager[AsyncConnection[Any]]:
+        """A pooled connection, for statements that are not named (a tool's setup)."""
+        return self._pool.connection()
+
+    @asynccontextmanager
+    async def fenced(self, job_key: str, token: int) -> AsyncIterator[AsyncConnection[Any]]:
+        """A transaction on a pooled connection, fenced with ``token`` (strict) before the
+        caller's statements: they commit only if it is still the newest token of
+        ``job_key``, else :class:`~tenure.StaleTokenError` is raised and it rolls back."""
+        async with self._pool.connection() as conn, conn.transaction():
+            await fence_async(conn, job_key, token, schema=self.schema)
+            yield conn
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -107,9 +131,13 @@ class AsyncClient:
     ) -> None:
         await self.close()
 
-    async def _fetch(
+    async def fetch(
         self, name: str, params: dict[str, Any], *, doing: str, wrote: bool = False
     ) -> list[tuple[Any, ...]]:
+        """Run the named statement ``name`` (``db/sql/*.sql``) on a pooled autocommit
+        connection; its rows, columns in the statement's order. A psycopg error becomes a
+        :class:`~tenure.TenureError` saying what was being done (``doing``); ``wrote``: the
+        statement writes, so a lost connection leaves its outcome unknown."""
         # getconn/putconn rather than `pool.connection()`: the latter wraps the connection in
         # `with conn:`, which sends a needless COMMIT-check on every call of this hot path.
         pool = self._pool
@@ -134,7 +162,14 @@ class AsyncClient:
                 await self._drop_dead_connections()
             raise translate(exc, doing, wrote=wrote) from exc
 
-    async def _fetch_sized(
+    async def fetch_one(
+        self, name: str, params: dict[str, Any], *, doing: str, wrote: bool = False
+    ) -> tuple[Any, ...] | None:
+        """:meth:`fetch`'s first row, or None when the statement returned none."""
+        rows = await self.fetch(name, params, doing=doing, wrote=wrote)
+        return rows[0] if rows else None
+
+    async def fetch_sized(
         self,
         name: str,
         params: dict[str, Any],
@@ -288,7 +323,7 @@ class AsyncClient:
         owner = uuid.uuid4()
         sent = monotonic()
         try:
-            rows = await self._fetch(
+            rows = await self.fetch(
                 "acquire",
                 {
                     "job_key": job_key,
@@ -389,14 +424,14 @@ class AsyncClient:
     async def inspect(self, job_key: str) -> LeaseInfo | None:
         """The current lease on ``job_key`` (held or expired), or None if never acquired."""
         check_job_key(job_key)
-        rows = await self._fetch(
+        rows = await self.fetch(
             "inspect", {"job_key": job_key}, doing=f"inspecting lease {job_key!r}"
         )
         return _info(rows[0]) if rows else None
 
     async def leases(self) -> list[LeaseInfo]:
         """Every job's lease, held or expired, ordered by job key."""
-        rows = await self._fetch("leases", {}, doing="listing leases")
+        rows = await self.fetch("leases", {}, doing="listing leases")
         return [_info(row) for row in rows]
 
     async def release(self, job_key: str) -> int | None:
@@ -406,7 +441,7 @@ class AsyncClient:
         so the old holder's writes remain fenced.
         """
         check_job_key(job_key)
-        rows = await self._fetch(
+        rows = await self.fetch(
             "force_release",
             {"job_key": job_key, "channel": self.lease_channel},
             doing=f"releasing {job_key!r}",
@@ -425,7 +460,7 @@ class AsyncClient:
 
     async def now(self) -> dt.datetime:
         """The database clock: the only clock tenure trusts."""
-        rows = await self._fetch("now", {}, doing="reading the database clock")
+        rows = await self.fetch("now", {}, doing="reading the database clock")
         value: dt.datetime = rows[0][0]
         return value
 

@@ -106,6 +106,13 @@ class AsyncLease:
     def lost_reason(self) -> str | None:
         return self._lost_reason if self.lost else None
 
+    @property
+    def marked_lost(self) -> bool:
+        """True once the lease has been marked lost, without looking at the deadline now
+        (:attr:`lost` marks it lost when the deadline has passed): the metric of held
+        leases has already counted it out then."""
+        return self._lost_reason is not None
+
     def _log_extra(self) -> dict[str, Any]:
         return {"job": self.job_key, "token": self.token, "owner": str(self.owner)}
 
@@ -172,7 +179,7 @@ class AsyncLease:
         ttl_param, lock_timeout = self._renew_params
         sent = monotonic()
         try:
-            rows = await self._client._fetch(
+            rows = await self._client.fetch(
                 "renew",
                 {
                     "job_key": self.job_key,
@@ -206,7 +213,7 @@ class AsyncLease:
         self.mark_released()
         if was_lost:
             return False
-        rows = await self._client._fetch(
+        rows = await self._client.fetch(
             "release",
             {
                 "job_key": self.job_key,

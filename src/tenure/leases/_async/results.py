@@ -64,7 +64,7 @@ class AsyncResults:
         name = "result_put_strict" if strict else "result_put"
         doing = f"storing the result of {job_key!r} with token {token}"
         if conn is None:
-            rows = await self._client._fetch(name, params, doing=doing, wrote=True)
+            rows = await self._client.fetch(name, params, doing=doing, wrote=True)
             row = rows[0]
         else:
             # In the caller's transaction nothing commits here; in autocommit it does.
@@ -98,7 +98,7 @@ class AsyncResults:
     async def get(self, job_key: str) -> Result | None:
         """The stored result for ``job_key``, or None."""
         check_job_key(job_key)
-        rows = await self._client._fetch(
+        rows = await self._client.fetch(
             "result_get", {"job_key": job_key}, doing=f"reading the result of {job_key!r}"
         )
         if not rows:

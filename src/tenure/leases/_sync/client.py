@@ -9,6 +9,8 @@ import datetime as dt
 import logging
 import select
 import uuid
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from types import TracebackType
 from typing import Any
 
@@ -52,6 +54,7 @@ from ...validation import (
     parse_duration,
 )
 from ..models import Grant, LeaseInfo
+from .fencing import fence
 from .lease import Lease, LeaseContext
 from .results import Results
 from .waiter import ReleaseWaiter
@@ -83,8 +86,29 @@ class Client:
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.where} schema={self.schema!r}>"
 
-    def close(self) -> None:
-        self._pool.close()
+    def close(self, timeout: float = 5.0) -> None:
+        """Close the pool, waiting up to ``timeout`` seconds for connections in use."""
+        self._pool.close(timeout=timeout)
+
+    @property
+    def conninfo(self) -> str | None:
+        """What the pool connects with (None: a pool built with something else than a
+        string), for a process or a listening connection of the caller's own."""
+        conninfo = self._pool.conninfo
+        return conninfo if isinstance(conninfo, str) else None
+
+    def connection(self) -> AbstractContextManager[Connection[Any]]:
+        """A pooled connection, for statements that are not named (a tool's setup)."""
+        return self._pool.connection()
+
+    @contextmanager
+    def fenced(self, job_key: str, token: int) -> Iterator[Connection[Any]]:
+        """A transaction on a pooled connection, fenced with ``token`` (strict) before the
+        caller's statements: they commit only if it is still the newest token of
+        ``job_key``, else :class:`~tenure.StaleTokenError` is raised and it rolls back."""
+        with self._pool.connection() as conn, conn.transaction():
+            fence(conn, job_key, token, schema=self.schema)
+            yield conn
 
     def __enter__(self) -> Client:
         return self
@@ -97,9 +121,13 @@ class Client:
     ) -> None:
         self.close()
 
-    def _fetch(
+    def fetch(
         self, name: str, params: dict[str, Any], *, doing: str, wrote: bool = False
     ) -> list[tuple[Any, ...]]:
+        """Run the named statement ``name`` (``db/sql/*.sql``) on a pooled autocommit
+        connection; its rows, columns in the statement's order. A psycopg error becomes a
+        :class:`~tenure.TenureError` saying what was being done (``doing``); ``wrote``: the
+        statement writes, so a lost connection leaves its outcome unknown."""
         pool = self._pool
         try:
             conn = pool.getconn()
@@ -119,7 +147,14 @@ class Client:
                 self._drop_dead_connections()
             raise translate(exc, doing, wrote=wrote) from exc
 
-    def _fetch_sized(
+    def fetch_one(
+        self, name: str, params: dict[str, Any], *, doing: str, wrote: bool = False
+    ) -> tuple[Any, ...] | None:
+        """:meth:`fetch`'s first row, or None when the statement returned none."""
+        rows = self.fetch(name, params, doing=doing, wrote=wrote)
+        return rows[0] if rows else None
+
+    def fetch_sized(
         self,
         name: str,
         params: dict[str, Any],
@@ -267,7 +302,7 @@ class Client:
         owner = uuid.uuid4()
         sent = monotonic()
         try:
-            rows = self._fetch(
+            rows = self.fetch(
                 "acquire",
                 {
                     "job_key": job_key,
@@ -362,12 +397,12 @@ class Client:
     def inspect(self, job_key: str) -> LeaseInfo | None:
         """The current lease on ``job_key`` (held or expired), or None if never acquired."""
         check_job_key(job_key)
-        rows = self._fetch("inspect", {"job_key": job_key}, doing=f"inspecting lease {job_key!r}")
+        rows = self.fetch("inspect", {"job_key": job_key}, doing=f"inspecting lease {job_key!r}")
         return _info(rows[0]) if rows else None
 
     def leases(self) -> list[LeaseInfo]:
         """Every job's lease, held or expired, ordered by job key."""
-        rows = self._fetch("leases", {}, doing="listing leases")
+        rows = self.fetch("leases", {}, doing="listing leases")
         return [_info(row) for row in rows]
 
     def release(self, job_key: str) -> int | None:
@@ -377,7 +412,7 @@ class Client:
         so the old holder's writes remain fenced.
         """
         check_job_key(job_key)
-        rows = self._fetch(
+        rows = self.fetch(
             "force_release",
             {"job_key": job_key, "channel": self.lease_channel},
             doing=f"releasing {job_key!r}",
@@ -396,7 +431,7 @@ class Client:
 
     def now(self) -> dt.datetime:
         """The database clock: the only clock tenure trusts."""
-        rows = self._fetch("now", {}, doing="reading the database clock")
+        rows = self.fetch("now", {}, doing="reading the database clock")
         value: dt.datetime = rows[0][0]
         return value
 

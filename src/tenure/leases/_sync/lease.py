@@ -104,6 +104,13 @@ class Lease:
     def lost_reason(self) -> str | None:
         return self._lost_reason if self.lost else None
 
+    @property
+    def marked_lost(self) -> bool:
+        """True once the lease has been marked lost, without looking at the deadline now
+        (:attr:`lost` marks it lost when the deadline has passed): the metric of held
+        leases has already counted it out then."""
+        return self._lost_reason is not None
+
     def _log_extra(self) -> dict[str, Any]:
         return {"job": self.job_key, "token": self.token, "owner": str(self.owner)}
 
@@ -170,7 +177,7 @@ class Lease:
         ttl_param, lock_timeout = self._renew_params
         sent = monotonic()
         try:
-            rows = self._client._fetch(
+            rows = self._client.fetch(
                 "renew",
                 {
                     "job_key": self.job_key,
@@ -204,7 +211,7 @@ class Lease:
         self.mark_released()
         if was_lost:
             return False
-        rows = self._client._fetch(
+        rows = self._client.fetch(
             "release",
             {
                 "job_key": self.job_key,

@@ -66,7 +66,7 @@ class Results:
         name = "result_put_strict" if strict else "result_put"
         doing = f"storing the result of {job_key!r} with token {token}"
         if conn is None:
-            rows = self._client._fetch(name, params, doing=doing, wrote=True)
+            rows = self._client.fetch(name, params, doing=doing, wrote=True)
             row = rows[0]
         else:
             idle = conn.pgconn.transaction_status == TransactionStatus.IDLE
@@ -98,7 +98,7 @@ class Results:
     def get(self, job_key: str) -> Result | None:
         """The stored result for ``job_key``, or None."""
         check_job_key(job_key)
-        rows = self._client._fetch(
+        rows = self._client.fetch(
             "result_get", {"job_key": job_key}, doing=f"reading the result of {job_key!r}"
         )
         if not rows:

@@ -168,7 +168,7 @@ async def messages_async(
     if topic is not None:
         check_topic(topic)
     check_int(limit, what="limit", minimum=1, maximum=MAX_LIMIT)
-    rows = await client._fetch(
+    rows = await client.fetch(
         "outbox_list",
         {"states": _states(state), "topic": topic, "ids": _ids(ids), "limit": limit},
         doing="listing outbox messages",
@@ -178,7 +178,7 @@ async def messages_async(
 
 async def counts_async(client: AsyncClient) -> dict[str, int]:
     """Number of messages per state (every state present, zero if none)."""
-    rows = await client._fetch("outbox_counts", {}, doing="counting outbox messages")
+    rows = await client.fetch("outbox_counts", {}, doing="counting outbox messages")
     found = {state: int(n) for state, n in rows}
     return {state: found.get(state, 0) for state in ("pending", "delivered", "dead")}
 
@@ -188,7 +188,7 @@ async def unhandled_async(client: AsyncClient) -> list[UnhandledTopic]:
     the oldest: such messages wait (they are never claimed, so never parked) until a relay with a
     handler for their topic starts. A relay is live while it beats (see ``tenure relay``);
     one killed without stopping still counts for its last beat's lifetime."""
-    rows = await client._fetch("outbox_unhandled", {}, doing="reading unhandled outbox topics")
+    rows = await client.fetch("outbox_unhandled", {}, doing="reading unhandled outbox topics")
     return [UnhandledTopic(topic, int(n), float(age)) for topic, n, age in rows]
 
 
@@ -200,7 +200,7 @@ async def retry_async(
     ids re-driven."""
     if topic is not None:
         check_topic(topic)
-    rows = await client._fetch(
+    rows = await client.fetch(
         "outbox_retry",
         {"ids": _ids(ids), "topic": topic, "channel": channels.channel("outbox", client.schema)},
         doing="re-driving dead outbox messages",
@@ -235,7 +235,7 @@ async def purge_async(
     age = parse_duration(older_than, what="older_than")
     if topic is not None:
         check_topic(topic)
-    rows = await client._fetch(
+    rows = await client.fetch(
         "outbox_purge",
         {
             "state": state,

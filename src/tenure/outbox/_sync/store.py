@@ -166,7 +166,7 @@ def messages(
     if topic is not None:
         check_topic(topic)
     check_int(limit, what="limit", minimum=1, maximum=MAX_LIMIT)
-    rows = client._fetch(
+    rows = client.fetch(
         "outbox_list",
         {"states": _states(state), "topic": topic, "ids": _ids(ids), "limit": limit},
         doing="listing outbox messages",
@@ -176,7 +176,7 @@ def messages(
 
 def counts(client: Client) -> dict[str, int]:
     """Number of messages per state (every state present, zero if none)."""
-    rows = client._fetch("outbox_counts", {}, doing="counting outbox messages")
+    rows = client.fetch("outbox_counts", {}, doing="counting outbox messages")
     found = {state: int(n) for state, n in rows}
     return {state: found.get(state, 0) for state in ("pending", "delivered", "dead")}
 
@@ -186,7 +186,7 @@ def unhandled(client: Client) -> list[UnhandledTopic]:
     the oldest: such messages wait (they are never claimed, so never parked) until a relay with a
     handler for their topic starts. A relay is live while it beats (see ``tenure relay``);
     one killed without stopping still counts for its last beat's lifetime."""
-    rows = client._fetch("outbox_unhandled", {}, doing="reading unhandled outbox topics")
+    rows = client.fetch("outbox_unhandled", {}, doing="reading unhandled outbox topics")
     return [UnhandledTopic(topic, int(n), float(age)) for topic, n, age in rows]
 
 
@@ -198,7 +198,7 @@ def retry(
     ids re-driven."""
     if topic is not None:
         check_topic(topic)
-    rows = client._fetch(
+    rows = client.fetch(
         "outbox_retry",
         {"ids": _ids(ids), "topic": topic, "channel": channels.channel("outbox", client.schema)},
         doing="re-driving dead outbox messages",
@@ -233,7 +233,7 @@ def purge(
     age = parse_duration(older_than, what="older_than")
     if topic is not None:
         check_topic(topic)
-    rows = client._fetch(
+    rows = client.fetch(
         "outbox_purge",
         {"state": state, "older_than": dt.timedelta(seconds=age), "ids": _ids(ids), "topic": topic},
         doing=f"purging {state} outbox messages",

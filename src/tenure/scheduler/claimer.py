@@ -1,0 +1,196 @@
+"""The claim loop: ``sched_claim`` for as many due jobs as the worker has room for, each
+claim planned (:func:`~.schedules.plan`, from the claim's database times only) and queued
+for the :class:`~.starter.Starter` at its fire time. A job whose slot comes within
+:data:`FIRE_AHEAD` is claimed ahead of it (fire-ahead), so its start can be recorded at the
+slot itself rather than a claim's round trip after it. The claim also says when to look
+again (next due slot, or a live lease's expiry), so an idle worker costs one statement per
+wake-up, however many jobs there are."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+from collections.abc import Mapping
+
+from .. import metrics
+from .._acompat import monotonic
+from ..errors import InvalidArgument, TenureError
+from .attached import OnClient
+from .claim import Claim, claims_from_rows
+from .execution import Run
+from .saturation import Saturation
+from .schedules import Plan, Schedule, plan, schedule_from_row
+from .settings import WorkerSettings
+from .spec import JobSpec
+from .starter import Starter, release_claims
+
+log = logging.getLogger("tenure.scheduler")
+
+#: Longest sleep without a notification.
+MAX_IDLE = 10.0
+#: Pause before claiming again when due jobs were left to a concurrent claimer.
+CONTENTION_BACKOFF = 0.02
+#: Fire-ahead, seconds: a job whose slot comes within this is claimed and planned before its
+#: slot, and its start is recorded at the slot (jobs with a TTL of at least ten times this;
+#: docs/safety.md, "Claiming ahead of the slot").
+FIRE_AHEAD = 0.2
+
+
+class Claimer(OnClient):
+    """One worker's claim loop. ``running``: the worker's runs in flight; ``wake``: set by
+    anything that may make claiming worth it (a notification, a run's end, a stop)."""
+
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        specs: Mapping[str, JobSpec],
+        *,
+        starter: Starter,
+        running: dict[tuple[str, int], Run],
+        wake: asyncio.Event,
+        saturation: Saturation,
+    ) -> None:
+        self.app_name = settings.app
+        self.concurrency = settings.concurrency
+        self.specs = specs
+        self.starter = starter
+        self._running = running
+        self._wake = wake
+        self.saturation = saturation
+        self._stopping = False
+        self._exclude: set[str] = set()
+        self._warned: set[tuple[str, int]] = set()
+        self._schedules: dict[tuple[str, str | None, dt.timedelta | None, str], Schedule] = {}
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+
+    async def claim_loop(self) -> None:
+        failures = 0
+        while not self._stopping:
+            self._wake.clear()
+            free = self.concurrency - len(self._running) - self.starter.starting
+            delay = MAX_IDLE
+            if free > 0:
+                sent = monotonic()  # the lease's local deadline counts from here
+                try:
+                    rows = await self.client.fetch(
+                        "sched_claim",
+                        {
+                            "limit": free,
+                            "exclude": sorted(self._exclude),
+                            "app": self.app_name,
+                            "ahead": FIRE_AHEAD,
+                        },
+                        doing="claiming due jobs",
+                        wrote=True,
+                    )
+                except TenureError as exc:
+                    failures += 1
+                    delay = min(0.25 * 2**failures, MAX_IDLE)
+                    log.warning("claiming due jobs failed, retrying in %.1fs: %s", delay, exc)
+                    await self._sleep_unless_stopping(delay)
+                    continue
+                failures = 0
+                received = monotonic()
+                claims, summary = claims_from_rows(rows)
+                now, ready_at = summary[19], summary[20]
+                self.saturation.started(now)
+                if claims:
+                    # Started in the background by the starter, each at its slot: the next
+                    # claim goes out while start statements are in flight (claims never
+                    # overlap: a claimed job's lease is live).
+                    self.starter.starting += len(claims)
+                    self._plan_claimed(claims, sent, received)
+                else:
+                    self.saturation.observe(0, [], monotonic())
+                if len(claims) == free:
+                    continue  # maybe more is due; the next pass claims with what is left
+                if ready_at is not None:
+                    wait = (ready_at - now).total_seconds()
+                    delay = CONTENTION_BACKOFF if wait <= 0 else min(wait + 0.001, MAX_IDLE)
+            if self._stopping:
+                break
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self._wake.wait()
+
+    async def _sleep_unless_stopping(self, seconds: float) -> None:
+        end = asyncio.get_running_loop().time() + seconds
+        while not self._stopping:
+            left = end - asyncio.get_running_loop().time()
+            if left <= 0:
+                return
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await self._wake.wait()
+
+    def _schedule(self, claim: Claim) -> Schedule:
+        key = (claim.job_key, claim.cron, claim.every, claim.timezone)
+        schedule = self._schedules.get(key)
+        if schedule is None:
+            schedule = schedule_from_row(claim.job_key, claim.cron, claim.every, claim.timezone)
+            self._schedules[key] = schedule
+        return schedule
+
+    def _plan_claimed(self, claims: list[Claim], sent: float, received: float) -> None:
+        """Plan a claimed batch and queue each plan for the starter at its fire time: at once
+        for a job already due, at its slot for one claimed ahead (:meth:`Starter.queue`)."""
+        planned: list[tuple[Claim, JobSpec, Schedule, Plan]] = []
+        foreign: list[Claim] = []
+        for claim in claims:
+            metrics.emit(metrics.ACQUIRE, claim.job_key, "acquired")
+            spec = self.specs.get(claim.job_key)
+            if spec is None:
+                foreign.append(claim)
+                continue
+            if claim.differs_from(spec) and (claim.job_key, claim.revision) not in self._warned:
+                self._warned.add((claim.job_key, claim.revision))
+                log.warning(
+                    "job %r: the database holds a different definition (revision %d: %s) "
+                    "than this worker's code (%s); following the database, where the app's newest "
+                    "registration wins. Restart this worker with the current code",
+                    claim.job_key,
+                    claim.revision,
+                    self._schedule(claim).describe(),
+                    spec.schedule.describe(),
+                    extra={"job": claim.job_key},
+                )
+            try:
+                decided = plan(
+                    self._schedule(claim), claim.policy(), claim.state, claim.at, claim.token
+                )
+            except (InvalidArgument, ValueError) as exc:
+                log.error(
+                    "job %r: its stored schedule cannot be used (%s); leaving it alone",
+                    claim.job_key,
+                    exc,
+                    extra={"job": claim.job_key},
+                )
+                foreign.append(claim)
+                continue
+            planned.append((claim, spec, self._schedule(claim), decided))
+        if foreign:
+            self.starter.starting -= len(foreign)
+            self._unclaim(foreign)
+            self._wake.set()  # capacity the claim reserved and no run took
+        self.starter.queue(planned, sent, received)
+
+    def _unclaim(self, claims: list[Claim]) -> None:
+        """Leave jobs this worker cannot run to the workers that can: excluded from its
+        claims from now on (before the next claim is sent), their claims given back."""
+        for claim in claims:
+            if claim.job_key not in self._exclude:
+                log.warning(
+                    "job %r is scheduled in the database but this worker has no function for "
+                    "it; leaving it to workers that do",
+                    claim.job_key,
+                    extra={"job": claim.job_key},
+                )
+            self._exclude.add(claim.job_key)
+            metrics.emit(metrics.RELEASE, claim.job_key, value=0.0)
+        self.starter.background(release_claims(self.client, claims))

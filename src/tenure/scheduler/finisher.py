@@ -1,0 +1,235 @@
+"""The end of a run: ``sched_finish`` for batches of ended runs (one statement in flight at a
+time, retried on a lost connection) and ``sched_running`` for runs that outlive
+:data:`RUNNING_ROW_AFTER`. A run counts against the worker's concurrency until its end is
+recorded (or given up); then it leaves the worker's table of runs and the claim loop wakes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from .. import metrics
+from .._acompat import monotonic
+from ..errors import DatabaseUnavailable, TenureError
+from .attached import OnClient
+from .claim import Finished, finish_params, run_fields, running_params
+from .execution import Run
+from .identity import WorkerIdentity
+
+log = logging.getLogger("tenure.scheduler")
+
+#: Most runs one finish statement records (a batch is whatever ended while the last was sent).
+FINISH_BATCH = 1000
+#: Seconds: under load, the finisher sends at most one statement this often.
+FINISH_EVERY = 0.05
+#: Seconds: a run still going this long after its start gets its history row now (outcome
+#: 'running', completed by its finish), so that history and the dashboard show it; a shorter
+#: run's row is written once, at its end (migration 12).
+RUNNING_ROW_AFTER = 1.0
+
+
+class Finisher(OnClient):
+    """Records the ends of one worker's runs. ``running``: the worker's runs in flight, keyed
+    by (job, token), which an ended run leaves once recorded; ``wake``: the claim loop's."""
+
+    def __init__(
+        self,
+        who: WorkerIdentity,
+        *,
+        channel: str,
+        concurrency: int,
+        running: dict[tuple[str, int], Run],
+        wake: asyncio.Event,
+    ) -> None:
+        self.who = who
+        self.channel = channel
+        self.running = running
+        self.wake = wake
+        # Ended runs that make the finisher send at once (see _finish_batches).
+        self._full = max(1, concurrency // 4)
+        # Ended runs waiting for the finisher, and the finisher task while it runs.
+        self._finishing: list[tuple[Finished, Run, float]] = []
+        self.task: asyncio.Task[None] | None = None
+        self._finish_wake = asyncio.Event()
+        self._stopping = False
+        self.runs = 0
+        self.handed_over = 0
+
+    def stop(self) -> None:
+        """The worker is stopping: send what is queued without pausing."""
+        self._stopping = True
+        self._finish_wake.set()
+
+    def finish(self, run: Run, outcome: str, error: str | None, duration: float) -> None:
+        """Queue the run's end for the finisher, which ends the run once it is recorded (or
+        given up): the run counts against the concurrency until then, and a stopping worker
+        waits for the finisher. No future and task step per run wait for it."""
+        done = outcome in ("succeeded", "failed")
+        item = Finished(run.ident, done, outcome, error)
+        run.ended = True
+        self._finishing.append((item, run, duration))
+        if len(self._finishing) >= self._full:
+            self._finish_wake.set()
+        if self.task is None:
+            self.task = asyncio.create_task(self._finish_batches(), name="tenure-finish")
+
+    async def _finish_batches(self) -> None:
+        """The single finisher: one ``sched_finish`` for whatever runs ended while the previous
+        batch was in flight. Batches grow with the load and are single runs when idle, so an
+        idle worker adds no latency, and finishing takes one pooled connection at a time
+        instead of one per run."""
+        batch: list[tuple[Finished, Run, float]] = []
+        try:
+            while self._finishing:
+                batch = self._finishing[:FINISH_BATCH]
+                del self._finishing[:FINISH_BATCH]
+                sent = monotonic()
+                try:
+                    outcomes = await self._record_finished([item for item, _, _ in batch])
+                except Exception:
+                    log.exception("recording the end of %d runs failed unexpectedly", len(batch))
+                    outcomes = {}
+                ended, batch = batch, []
+                for item, run, duration in ended:
+                    ident = item.ident
+                    recorded = outcomes.get((ident.job_key, ident.token), item.outcome)
+                    self._ended(run, item.done, recorded, item.error, duration)
+                # Under load, at most one finish per FINISH_EVERY, unless a quarter of the
+                # concurrency is waiting for it: bigger batches cost the server less per run,
+                # and the starts (a run's lateness) meet fewer statements competing for its
+                # CPUs. An idle worker's lone finish is sent at once (this loop has ended).
+                pause = sent + FINISH_EVERY - monotonic()
+                if pause > 0 and not self._stopping and 0 < len(self._finishing) < self._full:
+                    self._finish_wake.clear()
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(pause):
+                            await self._finish_wake.wait()
+        finally:
+            self.task = None
+            # Cancelled while recording (the loop is closing): the runs end with what their
+            # bodies did.
+            for item, run, duration in batch:
+                self._ended(run, item.done, item.outcome, item.error, duration)
+
+    async def _record_finished(self, batch: list[Finished]) -> dict[tuple[str, int], str]:
+        """Send one batch (retried on a lost connection); returns each run's recorded outcome."""
+        ordered = sorted(batch, key=lambda f: (f.ident.job_key, f.ident.token))  # one lock order
+        who = self.who
+        for attempt in range(3):
+            try:
+                rows = await self.client.fetch(
+                    "sched_finish",
+                    finish_params(
+                        ordered, channel=self.channel, worker=who.id, host=who.host, pid=who.pid
+                    ),
+                    doing=f"finishing {len(ordered)} runs",
+                    wrote=True,
+                )
+                break
+            except DatabaseUnavailable as exc:
+                if attempt == 2:
+                    for f in ordered:
+                        log.warning(
+                            "job %r: recording the end of slot %s failed (%s); its lease "
+                            "expires and the slot will be retried",
+                            f.ident.job_key,
+                            f.ident.slot.isoformat(),
+                            exc,
+                            extra=run_fields(f.ident.job_key, f.ident.token, f.ident.slot),
+                        )
+                    return {}
+                await asyncio.sleep(0.5)
+            except TenureError as exc:
+                for f in ordered:
+                    log.warning(
+                        "job %r: recording the end of a run failed: %s",
+                        f.ident.job_key,
+                        exc,
+                        extra=run_fields(f.ident.job_key, f.ident.token, f.ident.slot),
+                    )
+                return {}
+        recorded: dict[tuple[str, int], str] = {}
+        by_key = {(f.ident.job_key, f.ident.token): f for f in ordered}
+        for key, token, matched, recorded_outcome, current, _notified in rows:
+            f = by_key[(key, token)]
+            outcome = recorded_outcome or f.outcome
+            recorded[(key, token)] = outcome
+            if not matched and f.outcome in ("succeeded", "failed"):
+                log.warning(
+                    "job %r slot %s finished with token %s after the job was taken over "
+                    "(token %s): recorded as %s",
+                    key,
+                    f.ident.slot.isoformat(),
+                    token,
+                    current,
+                    outcome,
+                    extra=run_fields(key, token, f.ident.slot),
+                )
+        return recorded
+
+    async def rows_in_progress(self) -> None:
+        """Write the 'running' history rows of runs that outlived :data:`RUNNING_ROW_AFTER`,
+        one statement for all that came due since the last look (until cancelled)."""
+        who = self.who
+        while True:
+            await asyncio.sleep(RUNNING_ROW_AFTER / 2)
+            due = monotonic() - RUNNING_ROW_AFTER
+            runs = [
+                r
+                for r in self.running.values()
+                if not (r.row_written or r.ended) and r.launched <= due
+            ]
+            if not runs:
+                continue
+            try:
+                await self.client.fetch(
+                    "sched_running",
+                    running_params(
+                        [r.ident for r in runs], worker=who.id, host=who.host, pid=who.pid
+                    ),
+                    doing=f"recording {len(runs)} runs in progress",
+                    wrote=True,
+                )
+            except TenureError as exc:
+                log.warning("recording %d runs in progress failed (retried): %s", len(runs), exc)
+                continue
+            for r in runs:
+                r.row_written = True
+
+    def _ended(
+        self, run: Run, done: bool, recorded: str, error: str | None, duration: float
+    ) -> None:
+        ident = run.ident
+        key, token = ident.job_key, ident.token
+        # A lease marked lost has already been counted out of tenure_leases_held.
+        counted_out = run.lease.marked_lost  # without evaluating the deadline
+        run.lease.mark_released()
+        self.runs += 1
+        if not done:
+            self.handed_over += 1
+        if not counted_out:
+            metrics.emit(metrics.RELEASE, key, value=duration)
+        metrics.emit(metrics.JOB, key, recorded, duration)
+        if recorded in ("lease_lost", "stale_rejected", "cancelled"):
+            log.warning(
+                "job %r slot %s token %s: %s (%s)",
+                key,
+                ident.slot.isoformat(),
+                token,
+                recorded,
+                error,
+                extra=run_fields(key, token, ident.slot, outcome=recorded),
+            )
+        elif log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "job %r slot %s token %s: %s in %.3fs",
+                key,
+                ident.slot.isoformat(),
+                token,
+                recorded,
+                duration,
+                extra=run_fields(key, token, ident.slot, outcome=recorded),
+            )
+        self.running.pop((key, token), None)
+        self.wake.set()
