@@ -251,7 +251,9 @@ class Scheduler:
                 f"but {why}"
             )
         policy = Policy(misfire, grace, on_crash, quarantine_after)
-        spec = JobSpec(key, fn, schedule, check_ttl(ttl), policy, isolation)
+        spec = JobSpec(
+            key, fn, schedule, check_ttl(ttl, what=f"job {key!r}: ttl"), policy, isolation
+        )
         self._jobs[key] = spec
         return spec
 
