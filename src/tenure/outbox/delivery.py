@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from .. import metrics
+from .. import metrics, tracing
 from ..errors import DatabaseError
 from ..leases._async.client import AsyncClient
 from .handlers import Handler, is_async
@@ -80,6 +80,25 @@ class Delivery:
         if budget <= 0.01:
             await self.release(msg)
             return
+        attributes = {
+            "tenure.topic": msg.topic,
+            "tenure.message_id": msg.id,
+            "tenure.attempt": msg.attempts,
+            "tenure.job_key": msg.job_key,
+            "tenure.token": msg.token,
+        }
+        # A child of the span that enqueued the message (its stored traceparent).
+        with tracing.span("tenure.outbox.deliver", attributes, parent=msg.traceparent) as span:
+            error = await self._call(msg, handler, budget)
+            span.outcome("delivered" if error is None else "failed", error)
+        if error is None:
+            await self._delivered(msg, started)
+        else:
+            await self._failed(msg, error, started)
+
+    async def _call(self, msg: Message, handler: Handler, budget: float) -> str | None:
+        """Call the handler for at most ``budget`` seconds: None if it succeeded, else the
+        error to record."""
         error: str | None = None
         thread: asyncio.Future[Any] | None = None
         try:
@@ -106,15 +125,12 @@ class Delivery:
             raise
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        if error is None:
-            await self._delivered(msg, started)
-        else:
-            await self._failed(msg, error, started)
+        return error
 
     async def release(self, msg: Message) -> None:
         """Give the claim on ``msg`` back, uncounted (best effort)."""
         with contextlib.suppress(DatabaseError):
-            await self._client._fetch(
+            await self._client.fetch(
                 "outbox_release",
                 {"id": msg.id, "relay": self._relay, "attempt": msg.attempts},
                 doing=f"releasing the claim on outbox message {msg.id}",
@@ -142,7 +158,7 @@ class Delivery:
         while not thread.done():
             sent = time.monotonic()
             try:
-                rows = await self._client._fetch(
+                rows = await self._client.fetch(
                     "outbox_extend",
                     {
                         "id": msg.id,
@@ -176,7 +192,7 @@ class Delivery:
         # out (harmless with the inbox, but avoidable).
         for pause in (0.2, 1.0, None):
             try:
-                rows = await self._client._fetch(
+                rows = await self._client.fetch(
                     name, params, doing=f"recording outbox message {msg.id}", wrote=True
                 )
                 return rows

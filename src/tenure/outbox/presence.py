@@ -40,7 +40,7 @@ class Presence:
         self._unhandled_logged: dict[str, float] = {}
 
     async def beat(self) -> None:
-        await self._client._fetch(
+        await self._client.fetch(
             "outbox_relay_beat",
             {
                 "relay": self._relay,
@@ -55,7 +55,7 @@ class Presence:
 
     async def leave(self) -> None:
         with contextlib.suppress(DatabaseError):
-            await self._client._fetch(
+            await self._client.fetch(
                 "outbox_relay_leave",
                 {"relay": self._relay},
                 doing="unregistering the relay",

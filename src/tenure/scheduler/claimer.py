@@ -20,6 +20,7 @@ from ..errors import InvalidArgument, TenureError
 from .attached import OnClient
 from .claim import Claim, claims_from_rows
 from .execution import Run
+from .rows import ClaimRow
 from .saturation import Saturation
 from .schedules import Plan, Schedule, plan, schedule_from_row
 from .settings import WorkerSettings
@@ -87,6 +88,7 @@ class Claimer(OnClient):
                         },
                         doing="claiming due jobs",
                         wrote=True,
+                        row=ClaimRow,
                     )
                 except TenureError as exc:
                     failures += 1
@@ -97,7 +99,7 @@ class Claimer(OnClient):
                 failures = 0
                 received = monotonic()
                 claims, summary = claims_from_rows(rows)
-                now, ready_at = summary[19], summary[20]
+                now, ready_at = summary.now, summary.ready_at
                 self.saturation.started(now)
                 if claims:
                     # Started in the background by the starter, each at its slot: the next

@@ -159,19 +159,12 @@ WITH clock AS MATERIALIZED (
     INSERT INTO {schema}.job_leases AS l
         (job_key, lease_owner, lease_until, fencing_token, lease_ttl, acquired_at, renewed_at)
     SELECT d.job_key, gen_random_uuid(), clock_timestamp() + d.ttl,
-           ((('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int - 1)
-               ::bigint << 40) + 1,
+           {token_floor},
            d.ttl, clock_timestamp(), clock_timestamp()
     FROM due AS d
     ORDER BY d.job_key
-    ON CONFLICT (job_key) DO UPDATE
-    SET lease_owner = excluded.lease_owner,
-        lease_until = clock_timestamp() + excluded.lease_ttl,
-        fencing_token = greatest(l.fencing_token + 1, excluded.fencing_token),
-        lease_ttl = excluded.lease_ttl,
-        acquired_at = clock_timestamp(),
-        renewed_at = clock_timestamp()
-    WHERE l.lease_until < clock_timestamp()
+    -- The takeover: a fragment of queries.sql (acquire takes over the same way).
+    {takeover}
     RETURNING l.job_key, l.lease_owner, l.fencing_token, l.lease_until
 ), state AS (
     INSERT INTO {schema}.job_state AS s (job_key, token)
@@ -233,9 +226,13 @@ WITH clock AS MATERIALIZED (
 -- in the worker (scheduler.claim.claims_from_rows): the planner sees two CTEs of one
 -- estimated row each and joins them by a nested loop, which for a batch of n claims
 -- compared n * n keys (a batch of 1,000 spent most of its time there).
-SELECT t.job_key, t.lease_owner, t.fencing_token, t.lease_until, NULL, NULL, NULL, NULL, NULL,
-       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL
+-- The first branch names the columns (scheduler.rows.ClaimRow).
+SELECT t.job_key, t.lease_owner, t.fencing_token, t.lease_until, NULL AS cron, NULL AS every,
+       NULL AS timezone, NULL AS ttl, NULL AS misfire, NULL AS misfire_grace,
+       NULL AS on_crash, NULL AS revision, NULL AS next_slot, NULL AS done_slot,
+       NULL AS running_slot, NULL AS running_kind, NULL AS running_token,
+       NULL AS running_attempt, NULL AS trigger_at, NULL AS now, NULL AS ready_at,
+       NULL AS prior_gone, NULL AS crash_streak, NULL AS quarantine_after, NULL AS freed_at
 FROM taken AS t
 UNION ALL
 SELECT d.job_key, NULL, NULL, NULL, d.cron, d.every, d.timezone,

@@ -11,9 +11,9 @@ from django.core.management import call_command, get_commands
 from django.core.management.base import BaseCommand, CommandError
 
 from tenure.contrib.django.db import conninfo, settings
-from tenure.contrib.once import Guard
 from tenure.errors import InvalidArgument, LeaseLost, TenureError
 from tenure.exec.slots import check_period, check_slot
+from tenure.guard import Guard
 from tenure.validation import check_job_key, check_ttl, parse_duration
 
 
@@ -32,7 +32,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--every",
             default=None,
-            help="Slot = database clock rounded to this period (whole seconds, e.g. 5m).",
+            help="Slot = the period (whole seconds, e.g. 5m) the database clock is in, from 2s "
+            "before its start.",
         )
         parser.add_argument("--slot", default=None, help="Slot name (e.g. the scheduled time).")
         parser.add_argument(
