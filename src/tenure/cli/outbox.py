@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from ..db.dsn import redact
 from .common import (
     CONTEXT,
     connect,
@@ -335,7 +336,8 @@ def outbox_list(
             # Pending, and no live relay has a handler for its topic: it waits for one.
             "no_relay": m.state == "pending" and m.topic in orphaned,
             "delivered_at": m.delivered_at.isoformat() if m.delivered_at else None,
-            "last_error": m.last_error,
+            # The same redaction as the relay's log: an endpoint's answer may quote a secret.
+            "last_error": None if m.last_error is None else redact(m.last_error),
         }
         for m in found
     ]
