@@ -527,6 +527,49 @@ def test_sigterm_is_forwarded_and_the_lease_released(
     assert info is not None and not info.held
 
 
+#: tgkill(2)'s system call number: a signal to one thread of a process.
+SYS_TGKILL = {"x86_64": 234, "aarch64": 131}
+
+
+def _tgkill(pid: int, tid: int, signum: int) -> None:
+    import ctypes
+    import platform
+
+    number = SYS_TGKILL.get(platform.machine())
+    if number is None:
+        pytest.skip(f"tgkill's number on {platform.machine()} is not known here")
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(number, pid, tid, signum) != 0:
+        raise OSError(ctypes.get_errno(), "tgkill")
+
+
+def test_sigterm_delivered_to_another_thread_of_exec_is_still_passed_on(
+    env: dict[str, str],
+    client: tenure.Client,
+    tmp_path: Path,
+    reap: list[subprocess.Popen[str]],
+    groups: list[Path],
+) -> None:
+    """A signal sent to `tenure exec` may be delivered to any of its threads (the lease's
+    renewal thread, the pool's): under load the kernel picks one. Here it is sent to a thread
+    other than the main one, as the kernel may: it is passed on all the same. Before the fix
+    the main thread, blocked waiting for the command, never ran the handler, and the command
+    never saw the SIGTERM (the flaky forwarded-SIGTERM test under load)."""
+    pidfile = tmp_path / "pid"
+    groups.append(pidfile)
+    script = f"trap 'exit 42' TERM; echo $$ > {pidfile}; while :; do sleep 0.05; done"
+    proc = _exec(["--key", "job", "--", "sh", "-c", script], env)
+    reap.append(proc)
+    _wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), "the command", proc=proc)
+    others = [int(t) for t in os.listdir(f"/proc/{proc.pid}/task") if int(t) != proc.pid]
+    assert others, "tenure exec runs its renewal in a thread"
+    _tgkill(proc.pid, others[0], signal.SIGTERM)
+    code, _, err = _finish(proc, timeout=PATIENCE * 2)
+    assert code == 42, err
+    info = client.inspect("job")
+    assert info is not None and not info.held
+
+
 def _stubborn_after_sigterm(
     env: dict[str, str],
     tmp_path: Path,

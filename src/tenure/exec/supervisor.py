@@ -8,6 +8,7 @@ import contextlib
 import functools
 import logging
 import os
+import select
 import signal
 import threading
 import time
@@ -216,9 +217,8 @@ class Supervisor:
                 if self._killer is not None:
                     self._killer.cancel()
             return status
-        # Wait without reaping: the zombie keeps the group id reserved. Signals that
-        # interrupt the wait run their handler and the wait resumes (PEP 475).
-        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        # Wait without reaping: the zombie keeps the group id reserved.
+        _wait_handling_signals(pid)
         with self._lock:
             if self._killer is not None:
                 self._killer.cancel()
@@ -244,6 +244,36 @@ class Supervisor:
                 self.signal_group(signal.SIGKILL)
                 self._reaping = True
             os.waitpid(pid, 0)
+
+
+def _wait_handling_signals(pid: int) -> None:
+    """Block until child ``pid`` has exited (without reaping it), running signal handlers as
+    signals arrive.
+
+    A signal sent to tenure may be delivered to any of its threads (the lease's renewal
+    thread, the pool's): then it does not interrupt a blocking wait of the main thread, and
+    the Python handler, which only the main thread runs, would wait for the command to exit.
+    So the main thread sleeps in ``select`` on signal's wakeup fd, which the C-level handler
+    writes to from whichever thread took the signal, and on a pidfd of the child."""
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    pidfd = os.pidfd_open(pid) if hasattr(os, "pidfd_open") else None
+    previous = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    try:
+        watched = [wake_r] if pidfd is None else [wake_r, pidfd]
+        while not _exited(pid):
+            # Without a pidfd, look again every 0.1 s.
+            select.select(watched, [], [], 0.1 if pidfd is None else None)
+            with contextlib.suppress(BlockingIOError):
+                while os.read(wake_r, 512):
+                    pass
+            # Returning to Python code here runs the handlers of what woke us.
+    finally:
+        signal.set_wakeup_fd(previous)
+        for fd in (wake_r, wake_w, pidfd):
+            if fd is not None:
+                os.close(fd)
 
 
 def _exited(pid: int) -> bool:
