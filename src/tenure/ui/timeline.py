@@ -28,6 +28,7 @@ TOP = 26
 AXIS = 40
 MAX_LANES = 6
 STRIP = 34  # height of a dense window's density strip
+TICK_ADVANCE = 7.5  # px per character of an axis label (11px text), generously
 LATE = 0.5  # seconds after its slot from which a run's start is drawn as late
 
 GLYPH = {
@@ -225,11 +226,16 @@ def render(
     while t < now.timestamp():
         at = dt.datetime.fromtimestamp(t, dt.UTC)
         px = x(at)
+        label = _tick_label(at, step)
+        # Centred on its line, unless that would cut it at the frame's edge (the page script
+        # relabels it in the browser's zone: same length, HH:MM:SS or "Mon DD").
+        half = TICK_ADVANCE * len(label) / 2
+        anchor = "end" if px + half > WIDTH else ("start" if px - half < 0 else "middle")
         parts.append(
             f'<line class="grid" x1="{px:.1f}" y1="{TOP - 6}" x2="{px:.1f}" '
             f'y2="{height - AXIS + 4}"/>'
-            f'<text class="tick" x="{px:.1f}" y="{height - 8}" text-anchor="middle" '
-            f'data-t="{_iso(at)}" data-step="{int(step)}">{_tick_label(at, step)}</text>'
+            f'<text class="tick" x="{px:.1f}" y="{height - 8}" text-anchor="{anchor}" '
+            f'data-t="{_iso(at)}" data-step="{int(step)}">{label}</text>'
         )
         t += step
     parts.extend(_strip(density, x, TOP))
