@@ -74,6 +74,7 @@ class Overview:
     window: str
     incidents: tuple[Incident, ...]
     topics: tuple[Topic, ...]
+    execs: int = 0  # of ``runs``: `tenure exec` runs
 
     @property
     def dead(self) -> int:
@@ -182,6 +183,29 @@ class JobRow:
         return max(0.0, (self.lease_until - self.now).total_seconds())
 
 
+@row_of("ui_other_keys")  # built by position: OtherKey(*row)
+@dataclass(frozen=True, slots=True)
+class OtherKey:
+    """A key with a lease and no schedule: a `tenure exec` command or a bare library lease."""
+
+    job_key: str
+    token: int
+    lease_until: dt.datetime
+    held: bool
+    acquired_at: dt.datetime
+    last_outcome: str | None  # of its newest `tenure exec` run; None: a library lease
+    last_at: dt.datetime | None
+    last_token: int | None
+    now: dt.datetime
+    total: int = 0
+
+    @property
+    def seconds_left(self) -> float | None:
+        if not self.held:
+            return None
+        return max(0.0, (self.lease_until - self.now).total_seconds())
+
+
 @dataclass(frozen=True, slots=True)
 class JobPage:
     rows: tuple[JobRow, ...]
@@ -192,6 +216,7 @@ class JobPage:
     sort: str
     desc: bool
     search: str | None
+    others: tuple[OtherKey, ...] = ()  # keys with a lease and no schedule (state "all")
 
 
 @row_of("ui_timeline", "ui_history")  # built by position: Run(*row)
@@ -309,6 +334,29 @@ class LeasePage:
     now: dt.datetime
 
 
+def lease_run(job: Job) -> Run | None:
+    """A key without run history (a bare library lease) drawn from its lease row: the
+    newest holder's token from its acquisition to its expiry (or now). Its predecessors'
+    tokens are all that is known of them: the table keeps the newest lease only."""
+    if job.token is None or job.acquired_at is None or job.lease_until is None:
+        return None
+    return Run(
+        run_id=0,
+        slot=job.acquired_at,
+        kind="lease",
+        attempt=1,
+        token=job.token,
+        worker=str(job.owner)[:8],
+        host="-",
+        pid=0,
+        started_at=job.acquired_at,
+        finished_at=min(job.lease_until, job.now),
+        outcome="lease",
+        error=None,
+        recorded_at=job.acquired_at,
+    )
+
+
 def _describe(key: str, cron: str | None, every: dt.timedelta | None, tz: str) -> str:
     try:
         return schedule_from_row(key, cron, every, tz).describe()
@@ -390,7 +438,9 @@ class Reader:
             )
             [(leases, held)] = await self._all(conn, "ui_overview_leases")
             since = {"since": now - interval}
-            [(stale, lost, failed, runs)] = await self._all(conn, "ui_overview_events", since)
+            [(stale, lost, failed, runs, execs)] = await self._all(
+                conn, "ui_overview_events", since
+            )
             incidents = await self._all(conn, "ui_overview_incidents", since)
             topics = await self._all(conn, "ui_outbox_topics")
         return Overview(
@@ -411,6 +461,7 @@ class Reader:
             window=window,
             incidents=tuple(Incident(*row) for row in incidents),
             topics=tuple(Topic(*row) for row in topics),
+            execs=execs,
         )
 
     async def jobs(
@@ -437,6 +488,14 @@ class Reader:
         }
         async with self._session() as conn:
             rows = await self._all(conn, name, params)
+            others: tuple[OtherKey, ...] = ()
+            if state == "all":
+                others = tuple(
+                    OtherKey(*row)
+                    for row in await self._all(
+                        conn, "ui_other_keys", {"search": search or None, "limit": PAGE_SIZE}
+                    )
+                )
         total = rows[0][14] if rows else 0
         out = tuple(
             JobRow(
@@ -477,7 +536,7 @@ class Reader:
             ) in rows
         )
         pages = max(1, math.ceil(total / PAGE_SIZE))
-        return JobPage(out, total, page, pages, state, sort, desc, search)
+        return JobPage(out, total, page, pages, state, sort, desc, search, others)
 
     async def job(self, job_key: str) -> Job | None:
         async with self._session() as conn:

@@ -40,6 +40,7 @@ GLYPH = {
     "cancelled": "○",
     "abandoned": "◇",
     "misfire_skipped": "◇",
+    "lease": "■",
 }
 LABEL = {
     "succeeded": "succeeded",
@@ -50,6 +51,7 @@ LABEL = {
     "cancelled": "cancelled (handed over)",
     "abandoned": "abandoned",
     "misfire_skipped": "skipped (misfire)",
+    "lease": "lease (no run history: a library lease)",
 }
 
 
@@ -116,6 +118,15 @@ def markers_of(runs: Sequence[Run]) -> list[Marker]:
                     run.started_at,
                     f"takeover: token {before.token} ({before.worker}) → token {run.token} "
                     f"({run.worker})",
+                )
+            )
+        if run.outcome == "lease" and run.token > 1:
+            # A bare lease's row: it holds the newest token, so a lower one came before.
+            out.append(
+                Marker(
+                    "takeover",
+                    run.started_at,
+                    f"token {run.token} took over from token {run.token - 1}",
                 )
             )
         if run.outcome in ("lease_lost", "stale_rejected", "running", "cancelled"):
