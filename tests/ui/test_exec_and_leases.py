@@ -4,27 +4,13 @@ list; and the timeline's axis labels inside its frame."""
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import re
 
 import tenure
 from tenure.ui.timeline import WIDTH, render
 from tests.support.env import run_tenure, tenure_env
-from tests.support.ui import asgi_get
-
-
-def _pages(dsn: str, schema: str, *paths: tuple[str, str]) -> list[tuple[int, str]]:
-    from tenure.ui import Dashboard
-
-    async def main() -> list[tuple[int, str]]:
-        dashboard = Dashboard(dsn, schema=schema)
-        try:
-            return [await asgi_get(dashboard.app, path, query) for path, query in paths]
-        finally:
-            await dashboard.close()
-
-    return asyncio.run(main())
+from tests.ui.test_page_safety import pages
 
 
 def test_exec_runs_and_bare_leases_are_shown(dsn: str, schema: str) -> None:
@@ -39,7 +25,7 @@ def test_exec_runs_and_bare_leases_are_shown(dsn: str, schema: str) -> None:
             with client.lease("demo", ttl=30):
                 pass
 
-    (s1, job), (s2, overview), (s3, jobs), (s4, demo) = _pages(
+    (s1, job), (s2, overview), (s3, jobs), (s4, demo) = pages(
         dsn,
         schema,
         ("/job", "key=backup"),
