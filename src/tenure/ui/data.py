@@ -20,6 +20,8 @@ from ..db.executor import typed
 from ..db.rows import row_of
 from ..db.timeouts import CONNECTION_KWARGS
 from ..errors import DatabaseUnavailable, one_line
+from ..scheduler.jobs import JOB_STATES as STATES
+from ..scheduler.jobs import job_state
 from ..scheduler.schedules import schedule_from_row
 from .queries import ui_queries
 from .rows import JobDetailRow, JobsPageRow
@@ -29,7 +31,8 @@ log = logging.getLogger("tenure.ui")
 #: Bound on every dashboard statement: a page that cannot answer says so instead of hanging.
 STATEMENT_TIMEOUT = 5.0
 PAGE_SIZE = 50
-JOB_STATES = ("all", "running", "paused", "quarantined", "failing", "idle")
+#: The jobs page's filters: every state (scheduler.jobs.JOB_STATES), or all.
+JOB_STATES = ("all", *STATES)
 JOB_SORTS = ("key", "next", "last")
 #: Zoom levels of the timeline (label, seconds).
 WINDOWS: tuple[tuple[str, int], ...] = (
@@ -167,15 +170,12 @@ class JobRow:
 
     @property
     def state(self) -> str:
-        if self.quarantined:
-            return "quarantined"
-        if self.paused:
-            return "paused"
-        if self.running:
-            return "running"
-        if self.last_outcome == "failed":
-            return "failing"
-        return "idle"
+        return job_state(
+            quarantined=self.quarantined,
+            paused=self.paused,
+            running=self.running,
+            failed=self.last_outcome == "failed",
+        )
 
     @property
     def seconds_left(self) -> float | None:
