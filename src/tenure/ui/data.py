@@ -26,6 +26,8 @@ from ..scheduler._async.runtime import (
     schedule_changes_async,
 )
 from ..scheduler.definitions import ScheduleChange, ScheduleInfo
+from ..scheduler.jobs import JOB_STATES as STATES
+from ..scheduler.jobs import job_state
 from ..scheduler.schedules import schedule_from_row
 from .queries import ui_queries
 from .rows import JobDetailRow, JobsPageRow
@@ -35,7 +37,8 @@ log = logging.getLogger("tenure.ui")
 #: Bound on every dashboard statement: a page that cannot answer says so instead of hanging.
 STATEMENT_TIMEOUT = 5.0
 PAGE_SIZE = 50
-JOB_STATES = ("all", "running", "paused", "quarantined", "failing", "idle")
+#: The jobs page's filters: every state (scheduler.jobs.JOB_STATES), or all.
+JOB_STATES = ("all", *STATES)
 JOB_SORTS = ("key", "next", "last")
 #: Zoom levels of the timeline (label, seconds).
 WINDOWS: tuple[tuple[str, int], ...] = (
@@ -174,15 +177,12 @@ class JobRow:
 
     @property
     def state(self) -> str:
-        if self.quarantined:
-            return "quarantined"
-        if self.paused:
-            return "paused"
-        if self.running:
-            return "running"
-        if self.last_outcome == "failed":
-            return "failing"
-        return "idle"
+        return job_state(
+            quarantined=self.quarantined,
+            paused=self.paused,
+            running=self.running,
+            failed=self.last_outcome == "failed",
+        )
 
     @property
     def seconds_left(self) -> float | None:
