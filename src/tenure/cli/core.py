@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from .common import CONTEXT, EXIT_ERROR, connect, db_options, handle_errors, setup_logs
+from .common import CONTEXT, EXIT_ERROR, connect, db_options, fail, handle_errors, setup_logs
 from .params import DURATION, TOKEN, check_ttl_option
 from .tables import printable
 
@@ -83,6 +83,11 @@ def release(dsn: str | None, schema: str, log_level: str, log_format: str, key: 
     setup_logs(log_level, log_format)
     with connect(dsn, schema) as client:
         token = client.release(key)
+        if not token and client.inspect(key) is None:
+            fail(
+                f"no lease was ever taken for {key!r}; `tenure status` shows the keys "
+                "(is the key or --schema misspelled?)"
+            )
     click.echo(
         f"{printable(key)}: expired token {token}" if token else f"{printable(key)}: no live lease"
     )

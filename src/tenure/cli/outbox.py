@@ -15,6 +15,7 @@ from .common import (
     CONTEXT,
     connect,
     db_options,
+    fail,
     handle_errors,
     json_option,
     metrics_options,
@@ -425,7 +426,16 @@ def outbox_retry(
         redriven = ob.retry(client, ids=ids or None, topic=topic)
     if redriven:
         click.echo(f"re-drove {len(redriven)} message(s): {', '.join(map(str, redriven))}")
-    else:
+    # Ids named explicitly that matched nothing are an error; a filter that matched nothing
+    # is an answer (README, "Command-line conventions").
+    missing = sorted(set(ids) - set(redriven))
+    if missing:
+        fail(
+            f"no dead message with id {', '.join(map(str, missing))}"
+            + (f" in topic {topic!r}" if topic else "")
+            + "; `tenure outbox list --state all` shows the messages and their states"
+        )
+    if not redriven:
         click.echo("no dead message matched")
 
 
