@@ -5,6 +5,8 @@ already expired, a job with no runs yet) are not errors."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import tenure
@@ -69,3 +71,10 @@ def test_a_filter_matching_nothing_or_nothing_left_to_do_exits_0(
     out = run_tenure(args, env)
     assert out.returncode == 0, out
     assert says in out.stdout and out.stderr == "", out
+
+
+def test_history_json_of_a_job_without_runs_is_an_empty_list(env: dict[str, str]) -> None:
+    """One document, as every other --json prints (issue 31: JSON Lines printed nothing)."""
+    out = run_tenure(["jobs", "history", "known", "--json"], env)
+    assert out.returncode == 0, out
+    assert json.loads(out.stdout) == []
