@@ -872,6 +872,7 @@ def test_every_slot_is_never_run_more_than_the_early_tolerance_before_its_time(
         (["--key", "job", "--every", "1.5s", "--", "true"], "whole number of seconds"),
         (["--key", "job", "--"], "no command after"),
         (["--", "true"], "Missing option '--key'"),
+        (["--key", "job", "--every", "5m", "--slot", "foo", "--", "true"], "exclude each other"),
     ],
     ids=[
         "missing-dashes",
@@ -881,6 +882,7 @@ def test_every_slot_is_never_run_more_than_the_early_tolerance_before_its_time(
         "bad-every",
         "no-command",
         "no-key",
+        "slot-and-every",  # issue 31: was accepted
     ],
 )
 def test_bad_usage_is_one_line_and_exit_2(

@@ -252,6 +252,10 @@ def exec_command(
 
     Put `--` before COMMAND. Durations: 250ms, 30s, 5m, 1h.
     """
+    if slot is not None and every is not None:
+        raise UsageProblem(
+            "--slot and --every exclude each other (--every computes the slot): give one"
+        )
     setup_logs(log_level, log_format)
     # psycopg_pool reports each failed reconnection at WARNING, through Python's last-resort
     # handler (multi-line, unformatted) since nothing configures it. tenure's own renewal
