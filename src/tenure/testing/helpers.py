@@ -61,9 +61,7 @@ class Holder:
     continues it.
     """
 
-    def __init__(
-        self, dsn: str, schema: str, job_key: str, target: str | None, ttl: float
-    ) -> None:
+    def __init__(self, dsn: str, schema: str, job_key: str, target: str | None, ttl: float) -> None:
         self.job_key = job_key
         env = dict(os.environ)
         # The child imports the target as the test would: with the test's import path.
@@ -203,4 +201,3 @@ class LeaseHelpers:
             client.close()
         self._holders.clear()
         self._clients.clear()
-
