@@ -34,9 +34,10 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .. import tracing
 from .history import prune_history, record_finish, record_start
 from .output import say
-from .slots import SlotState, record_slot, slot_state
+from .slots import EARLY_TOLERANCE, SlotState, record_slot, slot_state
 from .supervisor import Interrupted, Supervisor, exit_code
 
 if TYPE_CHECKING:
@@ -78,6 +79,8 @@ class ExecRequest:
     schema: str
     #: Exec history older than this (seconds) is pruned, a bounded amount, after each run.
     retention: float = 7 * 86400.0
+    #: With ``every``: how far before its time (seconds) a slot may already run.
+    early: float = EARLY_TOLERANCE
 
 
 def run_with_textfile(request: ExecRequest, path: str) -> int:
@@ -146,7 +149,7 @@ def _run_connected(client: Client, conninfo: str, req: ExecRequest, child: Super
     open_until: dt.datetime | None = None
     if req.slot is not None or req.every is not None:
         # A slot already done needs no token: answer before taking the lease.
-        state = slot_state(client, req.key, req.slot, req.every)
+        state = slot_state(client, req.key, req.slot, req.every, req.early)
         slot, open_until = state.slot, state.open_until
         if state.done:
             metrics.emit(metrics.JOB, req.key, "already_done")
@@ -161,7 +164,15 @@ def _run_connected(client: Client, conninfo: str, req: ExecRequest, child: Super
     started = time.monotonic()
     try:
         with client.lease(req.key, ttl=req.ttl, wait=req.wait) as lease:
-            code, outcome = _run_leased(client, lease, conninfo, req, slot, child, open_until)
+            attributes = {
+                "tenure.job_key": req.key,
+                "tenure.token": lease.token,
+                "tenure.slot": slot,
+            }
+            with tracing.span("tenure.exec", attributes) as span:
+                code, outcome = _run_leased(client, lease, conninfo, req, slot, child, open_until)
+                span.set("process.exit.code", code)
+                span.outcome(outcome)
     except LeaseBusy as busy:
         metrics.emit(metrics.JOB, req.key, "busy")
         if not req.quiet:
@@ -205,6 +216,11 @@ def _run_leased(
         env["TENURE_SLOT"] = slot
     else:  # not an outer exec's slot either
         env.pop("TENURE_SLOT", None)
+    # The command's own spans can join this run's trace (OpenTelemetry's TRACEPARENT
+    # environment convention for processes).
+    parent = tracing.traceparent()
+    if parent is not None:
+        env["TRACEPARENT"] = parent
     child.token = lease.token
     lease.on_lost(child.lease_lost)
     record_start(client, req.key, lease.token, slot)

@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from .. import metrics
+from .. import metrics, tracing
 from ..errors import DatabaseError
 from ..leases._async.client import AsyncClient
 from .handlers import Handler, is_async
@@ -80,6 +80,25 @@ class Delivery:
         if budget <= 0.01:
             await self.release(msg)
             return
+        attributes = {
+            "tenure.topic": msg.topic,
+            "tenure.message_id": msg.id,
+            "tenure.attempt": msg.attempts,
+            "tenure.job_key": msg.job_key,
+            "tenure.token": msg.token,
+        }
+        # A child of the span that enqueued the message (its stored traceparent).
+        with tracing.span("tenure.outbox.deliver", attributes, parent=msg.traceparent) as span:
+            error = await self._call(msg, handler, budget)
+            span.outcome("delivered" if error is None else "failed", error)
+        if error is None:
+            await self._delivered(msg, started)
+        else:
+            await self._failed(msg, error, started)
+
+    async def _call(self, msg: Message, handler: Handler, budget: float) -> str | None:
+        """Call the handler for at most ``budget`` seconds: None if it succeeded, else the
+        error to record."""
         error: str | None = None
         thread: asyncio.Future[Any] | None = None
         try:
@@ -106,10 +125,7 @@ class Delivery:
             raise
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        if error is None:
-            await self._delivered(msg, started)
-        else:
-            await self._failed(msg, error, started)
+        return error
 
     async def release(self, msg: Message) -> None:
         """Give the claim on ``msg`` back, uncounted (best effort)."""

@@ -23,6 +23,7 @@ from urllib.request import getproxies
 
 import httpx
 
+from .. import tracing
 from ..errors import ConfigurationError, InvalidArgument, TenureError
 from ..validation import Duration, parse_duration
 from .message import Message, encode_part
@@ -259,6 +260,9 @@ class Webhook:
             "X-Tenure-Attempt": str(message.attempts),
             **self._extra,
         }
+        # W3C trace context: the relay's delivery span (a child of the enqueuing span), or the
+        # stored context as is where the relay records no spans.
+        tracing.inject(headers, fallback=message.traceparent)
         try:
             if self.timeout is None:
                 status, reason, snippet = await self._post(headers, body)

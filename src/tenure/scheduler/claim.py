@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .schedules import JobState, Plan, Policy
+from .rows import ClaimRow
+from .schedules import JobState, Plan, Policy, Schedule, schedule_of
 
 if TYPE_CHECKING:
     from .spec import JobSpec
@@ -38,64 +39,79 @@ class Claim:
     quarantine_after: int | None = None
     #: When the lease before this claim ended (expired or released); None: the job's first.
     freed_at: dt.datetime | None = None
+    #: A runtime schedule's definition (migration 14); task None: a coded job.
+    task: str | None = None
+    args: dict[str, Any] | None = None
+    run_at: dt.datetime | None = None
+    starts_at: dt.datetime | None = None
+    ends_at: dt.datetime | None = None
+    jitter: dt.timedelta | None = None
+    max_runs: int | None = None
+    overlap: str | None = None
 
     @classmethod
-    def from_row(cls, row: Sequence[Any]) -> Claim:
-        (
-            key,
-            owner,
-            token,
-            until,
-            cron,
-            every,
-            tz,
-            ttl,
-            misfire,
-            grace,
-            on_crash,
-            revision,
-            next_slot,
-            done_slot,
-            running_slot,
-            running_kind,
-            running_token,
-            running_attempt,
-            trigger_at,
-            now,
-            _ready,
-            prior_gone,
-            crash_streak,
-            quarantine_after,
-            freed_at,
-        ) = row
+    def from_rows(cls, lease: ClaimRow, job: ClaimRow) -> Claim:
+        """The claim of a lease taken and its job's row read (two rows of ``sched_claim``)."""
+        key, token = lease.job_key, lease.fencing_token
+        assert key is not None and token is not None  # a taken lease's row
         state = JobState(
-            next_slot,
-            done_slot,
-            running_slot,
-            running_kind,
-            running_token,
-            running_attempt,
-            trigger_at,
-            bool(prior_gone),
-            crash_streak,
+            job.next_slot,
+            job.done_slot,
+            job.running_slot,
+            job.running_kind,
+            job.running_token,
+            job.running_attempt,
+            job.trigger_at,
+            bool(job.prior_gone),
+            job.crash_streak,
+            job.runs_started or 0,
+            job.backfill_next,
+            job.backfill_to,
+            job.freed_at,
         )
         return cls(
             key,
-            owner,
+            lease.lease_owner,
             token,
-            until,
-            cron,
-            every,
-            tz,
-            ttl,
-            misfire,
-            grace,
-            on_crash,
-            revision,
+            lease.lease_until,
+            job.cron,
+            job.every,
+            job.timezone,
+            job.ttl,
+            job.misfire,
+            job.misfire_grace,
+            job.on_crash,
+            job.revision,
             state,
-            now,
-            quarantine_after,
-            freed_at,
+            job.now,
+            job.quarantine_after,
+            job.freed_at,
+            job.task,
+            job.args,
+            job.run_at,
+            job.starts_at,
+            job.ends_at,
+            job.jitter,
+            job.max_runs,
+            job.overlap,
+        )
+
+    @property
+    def bounds(self) -> tuple[Any, ...]:
+        """What a runtime schedule adds to the trigger (one-shot, window, jitter)."""
+        return (self.run_at, self.starts_at, self.ends_at, self.jitter)
+
+    def schedule(self) -> Schedule:
+        """The schedule as the claim read it (already validated when it was stored)."""
+        return schedule_of(
+            self.job_key,
+            self.cron,
+            self.every,
+            self.timezone,
+            run_at=self.run_at,
+            starts_at=self.starts_at,
+            ends_at=self.ends_at,
+            jitter=self.jitter,
         )
 
     def due_here(self, slot: dt.datetime) -> dt.datetime:
@@ -117,6 +133,7 @@ class Claim:
         if (
             state.running_slot is None
             and state.trigger_at is None
+            and state.backfill_next is None
             and self.now < state.next_slot < self.lease_until
         ):
             return state.next_slot
@@ -124,7 +141,9 @@ class Claim:
 
     def policy(self) -> Policy:
         grace = None if self.misfire_grace is None else self.misfire_grace.total_seconds()
-        return Policy(self.misfire, grace, self.on_crash, self.quarantine_after)
+        return Policy(
+            self.misfire, grace, self.on_crash, self.quarantine_after, self.overlap, self.max_runs
+        )
 
     def differs_from(self, spec: JobSpec) -> bool:
         mine = (
@@ -150,29 +169,25 @@ class Claim:
         return mine != theirs
 
 
-def claims_from_rows(
-    rows: Sequence[Sequence[Any]],
-) -> tuple[list[Claim], Sequence[Any]]:
+def claims_from_rows(rows: Sequence[ClaimRow]) -> tuple[list[Claim], ClaimRow]:
     """The claims in ``sched_claim``'s rows, in the order the jobs came due, and the summary
     row (job_key NULL: the database's now and when to look again). The statement returns each
     taken lease (token set) and each job row read (token NULL) as rows of their own; a job
     read but whose lease was not taken (its lease turned out live) is no claim."""
-    taken: dict[str, Sequence[Any]] = {}
-    read: list[Sequence[Any]] = []
-    summary: Sequence[Any] | None = None
+    taken: dict[str | None, ClaimRow] = {}
+    read: list[ClaimRow] = []
+    summary: ClaimRow | None = None
     for row in rows:
-        if row[0] is None:
+        if row.job_key is None:
             summary = row
-        elif row[2] is not None:
-            taken[row[0]] = row
+        elif row.fencing_token is not None:
+            taken[row.job_key] = row
         else:
             read.append(row)
     if summary is None:
         raise ValueError("sched_claim returned no summary row")
     claims = [
-        Claim.from_row((*lease[:4], *row[4:]))
-        for row in read
-        if (lease := taken.get(row[0])) is not None
+        Claim.from_rows(lease, row) for row in read if (lease := taken.get(row.job_key)) is not None
     ]
     return claims, summary
 
@@ -225,6 +240,10 @@ def start_params(
             p["prior_error"] = _text(d.prior_error)
         if d.quarantine is not None:
             p["quarantine"] = _text(d.quarantine)
+        if d.backfill_from is not None:
+            p["backfill_from"] = d.backfill_from.isoformat()
+            if d.backfill_next is not None:
+                p["backfill_next"] = d.backfill_next.isoformat()
         plans.append(p)
         for s in d.skipped:
             row = {

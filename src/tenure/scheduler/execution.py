@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import os
 import queue
@@ -23,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .. import tracing
 from ..errors import LeaseLost, StaleTokenError
 from ..leases._async.lease import AsyncLease
 from .claim import RunIdentity, run_fields
@@ -81,7 +83,21 @@ def describe_error(exc: BaseException) -> str:
 
 async def execute(run: Run) -> tuple[str, str | None, float]:
     """Run the job body under its lease (renewed every ttl/3); returns its outcome, the error
-    (None on success) and how long it took. Never raises for what the body did."""
+    (None on success) and how long it took. Never raises for what the body did. With
+    OpenTelemetry, inside a ``tenure.run`` span that the body's own spans nest under."""
+    if not tracing.enabled():
+        return await _execute(run)
+    ident = run.ident
+    lateness = (ident.started_at - ident.slot).total_seconds()
+    with tracing.run_span(
+        ident.job_key, ident.token, ident.slot, ident.kind, ident.attempt, lateness
+    ) as span:
+        outcome, error, took = await _execute(run)
+        span.outcome(outcome, error)
+    return outcome, error, took
+
+
+async def _execute(run: Run) -> tuple[str, str | None, float]:
     loop = asyncio.get_running_loop()
     key, token = run.ident.job_key, run.ident.token
     began = loop.time()
@@ -284,11 +300,15 @@ def in_thread(fn: Any, ctx: JobContext, name: str) -> asyncio.Future[Any]:
         else:
             future.set_exception(value)
 
+    # The caller's context (its current span, with OpenTelemetry) for the body: a reused
+    # thread would otherwise run it in whatever context the thread started with.
+    context = contextvars.copy_context() if tracing.enabled() else None
+
     def target() -> None:
         thread = threading.current_thread()
         thread.name = name
         try:
-            value = fn(ctx)
+            value = fn(ctx) if context is None else context.run(fn, ctx)
         except BaseException as exc:
             outcome: tuple[bool, Any] = (False, exc)
         else:

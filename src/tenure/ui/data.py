@@ -16,17 +16,29 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from ..db.executor import typed
+from ..db.rows import row_of
 from ..db.timeouts import CONNECTION_KWARGS
-from ..errors import DatabaseUnavailable
+from ..errors import DatabaseUnavailable, one_line
+from ..scheduler._async.runtime import (
+    get_schedule_async,
+    list_schedules_async,
+    schedule_changes_async,
+)
+from ..scheduler.definitions import ScheduleChange, ScheduleInfo
+from ..scheduler.jobs import JOB_STATES as STATES
+from ..scheduler.jobs import job_state
 from ..scheduler.schedules import schedule_from_row
 from .queries import ui_queries
+from .rows import JobDetailRow, JobsPageRow
 
 log = logging.getLogger("tenure.ui")
 
 #: Bound on every dashboard statement: a page that cannot answer says so instead of hanging.
 STATEMENT_TIMEOUT = 5.0
 PAGE_SIZE = 50
-JOB_STATES = ("all", "running", "paused", "quarantined", "failing", "idle")
+#: The jobs page's filters: every state (scheduler.jobs.JOB_STATES), or all.
+JOB_STATES = ("all", *STATES)
 JOB_SORTS = ("key", "next", "last")
 #: Zoom levels of the timeline (label, seconds).
 WINDOWS: tuple[tuple[str, int], ...] = (
@@ -73,6 +85,7 @@ class Overview:
     window: str
     incidents: tuple[Incident, ...]
     topics: tuple[Topic, ...]
+    execs: int = 0  # of ``runs``: `tenure exec` runs
 
     @property
     def dead(self) -> int:
@@ -110,6 +123,7 @@ class Overview:
         return out
 
 
+@row_of("ui_overview_incidents")  # built by position: Incident(*row)
 @dataclass(frozen=True, slots=True)
 class Incident:
     job_key: str
@@ -120,6 +134,7 @@ class Incident:
     error: str | None
 
 
+@row_of("ui_outbox_topics")  # built by position: Topic(*row)
 @dataclass(frozen=True, slots=True)
 class Topic:
     topic: str
@@ -128,6 +143,7 @@ class Topic:
     oldest_pending_age: float | None
 
 
+@row_of("ui_outbox_dead")  # built by position: DeadMessage(*row)
 @dataclass(frozen=True, slots=True)
 class DeadMessage:
     id: int
@@ -161,19 +177,39 @@ class JobRow:
 
     @property
     def state(self) -> str:
-        if self.quarantined:
-            return "quarantined"
-        if self.paused:
-            return "paused"
-        if self.running:
-            return "running"
-        if self.last_outcome == "failed":
-            return "failing"
-        return "idle"
+        return job_state(
+            quarantined=self.quarantined,
+            paused=self.paused,
+            running=self.running,
+            failed=self.last_outcome == "failed",
+        )
 
     @property
     def seconds_left(self) -> float | None:
         if not self.held or self.lease_until is None:
+            return None
+        return max(0.0, (self.lease_until - self.now).total_seconds())
+
+
+@row_of("ui_other_keys")  # built by position: OtherKey(*row)
+@dataclass(frozen=True, slots=True)
+class OtherKey:
+    """A key with a lease and no schedule: a `tenure exec` command or a bare library lease."""
+
+    job_key: str
+    token: int
+    lease_until: dt.datetime
+    held: bool
+    acquired_at: dt.datetime
+    last_outcome: str | None  # of its newest `tenure exec` run; None: a library lease
+    last_at: dt.datetime | None
+    last_token: int | None
+    now: dt.datetime
+    total: int = 0
+
+    @property
+    def seconds_left(self) -> float | None:
+        if not self.held:
             return None
         return max(0.0, (self.lease_until - self.now).total_seconds())
 
@@ -188,8 +224,10 @@ class JobPage:
     sort: str
     desc: bool
     search: str | None
+    others: tuple[OtherKey, ...] = ()  # keys with a lease and no schedule (state "all")
 
 
+@row_of("ui_timeline", "ui_history")  # built by position: Run(*row)
 @dataclass(frozen=True, slots=True)
 class Run:
     run_id: int
@@ -304,11 +342,38 @@ class LeasePage:
     now: dt.datetime
 
 
+def lease_run(job: Job) -> Run | None:
+    """A key without run history (a bare library lease) drawn from its lease row: the
+    newest holder's token from its acquisition to its expiry (or now). Its predecessors'
+    tokens are all that is known of them: the table keeps the newest lease only."""
+    if job.token is None or job.acquired_at is None or job.lease_until is None:
+        return None
+    return Run(
+        run_id=0,
+        slot=job.acquired_at,
+        kind="lease",
+        attempt=1,
+        token=job.token,
+        worker=str(job.owner)[:8],
+        host="-",
+        pid=0,
+        started_at=job.acquired_at,
+        finished_at=min(job.lease_until, job.now),
+        outcome="lease",
+        error=None,
+        recorded_at=job.acquired_at,
+    )
+
+
 def _describe(key: str, cron: str | None, every: dt.timedelta | None, tz: str) -> str:
     try:
         return schedule_from_row(key, cron, every, tz).describe()
     except Exception:  # a definition this version cannot parse still gets listed
         return cron or str(every)
+
+
+#: Runtime schedules per page of the dashboard.
+SCHEDULES_PAGE = 50
 
 
 class Reader:
@@ -363,7 +428,7 @@ class Reader:
                 yield conn
         except psycopg.OperationalError as exc:
             raise DatabaseUnavailable(
-                f"the dashboard could not read the database: {' '.join(str(exc).split())}"
+                f"the dashboard could not read the database: {one_line(str(exc))}"
             ) from exc
         except PoolTimeout as exc:
             raise DatabaseUnavailable(
@@ -385,7 +450,9 @@ class Reader:
             )
             [(leases, held)] = await self._all(conn, "ui_overview_leases")
             since = {"since": now - interval}
-            [(stale, lost, failed, runs)] = await self._all(conn, "ui_overview_events", since)
+            [(stale, lost, failed, runs, execs)] = await self._all(
+                conn, "ui_overview_events", since
+            )
             incidents = await self._all(conn, "ui_overview_incidents", since)
             topics = await self._all(conn, "ui_outbox_topics")
         return Overview(
@@ -406,6 +473,7 @@ class Reader:
             window=window,
             incidents=tuple(Incident(*row) for row in incidents),
             topics=tuple(Topic(*row) for row in topics),
+            execs=execs,
         )
 
     async def jobs(
@@ -431,89 +499,79 @@ class Reader:
             "offset": (page - 1) * PAGE_SIZE,
         }
         async with self._session() as conn:
-            rows = await self._all(conn, name, params)
-        total = rows[0][14] if rows else 0
+            rows = typed(await self._all(conn, name, params), JobsPageRow)
+            others: tuple[OtherKey, ...] = ()
+            if state == "all":
+                others = tuple(
+                    OtherKey(*row)
+                    for row in await self._all(
+                        conn, "ui_other_keys", {"search": search or None, "limit": PAGE_SIZE}
+                    )
+                )
+        total = rows[0].total if rows else 0
         out = tuple(
             JobRow(
-                key,
-                _describe(key, cron, every, tz),
-                tz,
-                paused,
-                next_slot,
-                running_slot is not None,
-                triggered,
-                token,
-                until,
-                held,
-                outcome,
-                last_at,
-                last_token,
-                now,
-                quarantined_at is not None,
+                r.job_key,
+                _describe(r.job_key, r.cron, r.every, r.timezone),
+                r.timezone,
+                r.paused,
+                r.next_slot,
+                r.running_slot is not None,
+                r.triggered,
+                r.fencing_token,
+                r.lease_until,
+                r.held,
+                r.outcome,
+                r.finished_at,
+                r.token,
+                r.now,
+                r.quarantined_at is not None,
             )
-            for (
-                key,
-                cron,
-                every,
-                tz,
-                paused,
-                next_slot,
-                running_slot,
-                triggered,
-                token,
-                until,
-                held,
-                outcome,
-                last_at,
-                last_token,
-                _total,
-                now,
-                quarantined_at,
-            ) in rows
+            for r in rows
         )
         pages = max(1, math.ceil(total / PAGE_SIZE))
-        return JobPage(out, total, page, pages, state, sort, desc, search)
+        return JobPage(out, total, page, pages, state, sort, desc, search, others)
 
     async def job(self, job_key: str) -> Job | None:
         async with self._session() as conn:
-            rows = await self._all(conn, "ui_job", {"job_key": job_key})
+            rows = typed(await self._all(conn, "ui_job", {"job_key": job_key}), JobDetailRow)
         if not rows:
             return None
         r = rows[0]
         schedule = None
-        if r[25]:
-            schedule = _describe(r[0], r[1], r[2], r[3])
+        if r.scheduled and r.timezone is not None:  # a scheduled job has its zone
+            schedule = _describe(r.job_key, r.cron, r.every, r.timezone)
         return Job(
-            job_key=r[0],
-            scheduled=r[25],
+            job_key=r.job_key,
+            scheduled=r.scheduled,
             schedule=schedule,
-            timezone=r[3],
-            ttl=r[4],
-            paused=bool(r[5]),
-            paused_at=r[6],
-            next_slot=r[7],
-            running_slot=r[8],
-            running_token=r[9],
-            trigger_at=r[10],
-            defined_by=r[11],
-            defined_at=r[12],
-            revision=r[13],
-            token=r[14],
-            owner=r[15],
-            lease_until=r[16],
-            held=r[17],
-            acquired_at=r[18],
-            fence_token=r[19],
-            fenced_token=r[20],
-            fenced_at=r[21],
-            result_token=r[22],
-            result_written_at=r[23],
-            result_payload=r[24],
-            now=r[26],
-            quarantined_at=r[27],
-            quarantine_reason=r[28],
-            crash_streak=r[29],
-            app=r[30],
+            timezone=r.timezone,
+            ttl=r.ttl,
+            paused=bool(r.paused),
+            paused_at=r.paused_at,
+            next_slot=r.next_slot,
+            running_slot=r.running_slot,
+            running_token=r.running_token,
+            trigger_at=r.trigger_at,
+            defined_by=r.defined_by,
+            defined_at=r.defined_at,
+            revision=r.revision,
+            token=r.fencing_token,
+            owner=r.lease_owner,
+            lease_until=r.lease_until,
+            held=r.held,
+            acquired_at=r.acquired_at,
+            fence_token=r.fence_token,
+            fenced_token=r.fenced_token,
+            fenced_at=r.fenced_at,
+            result_token=r.applied_fencing_token,
+            result_written_at=r.written_at,
+            result_payload=r.payload,
+            now=r.now,
+            quarantined_at=r.quarantined_at,
+            quarantine_reason=r.quarantine_reason,
+            crash_streak=r.crash_streak,
+            app=r.app,
         )
 
     async def timeline(
@@ -605,3 +663,19 @@ class Reader:
             tuple(DeadMessage(*row) for row in dead),
             now,
         )
+
+    # -- runtime schedules (issue 27): read with the scheduler's own statements -------------
+
+    async def schedules(
+        self, *, search: str | None, after: str, limit: int = SCHEDULES_PAGE
+    ) -> list[ScheduleInfo]:
+        async with self._session() as conn:
+            return await list_schedules_async(
+                conn, after=after, search=search, limit=limit, schema=self.schema
+            )
+
+    async def schedule(self, key: str) -> tuple[ScheduleInfo | None, list[ScheduleChange]]:
+        async with self._session() as conn:
+            info = await get_schedule_async(conn, key, schema=self.schema)
+            changes = await schedule_changes_async(conn, key, limit=50, schema=self.schema)
+        return info, changes
