@@ -264,3 +264,27 @@ collector_probe = tenure.Scheduler()
 @collector_probe.job("gc-probe", every="1s", ttl="5s")
 def gc_probe(ctx: tenure.JobContext) -> None:
     record(ctx, f"threshold={gc.get_threshold()[0]} frozen={gc.get_freeze_count() > 0}")
+
+
+# -- gated: two jobs whose bodies wait for a file, on a worker with one body slot -------------
+
+
+def _gated(ctx: tenure.JobContext) -> None:
+    record(ctx, "started")
+    gate = os.environ["SCHED_GATE"]
+    while not os.path.exists(gate):
+        if ctx.wait(0.05):
+            ctx.check()  # raises: the lease is lost or the worker stops
+    record(ctx, "finished")
+
+
+def gated_app(dsn: str | None = None, schema: str = "tenure") -> tenure.Scheduler:
+    """``gate-a`` and ``gate-b`` (triggered by the tests) on a worker with one body slot;
+    the tests register the same definitions before they start the worker."""
+    app = tenure.Scheduler(dsn, schema=schema, concurrency=1, name="gated")
+    for key in ("gate-a", "gate-b"):
+        app.add_job(key, _gated, cron=NEVER, ttl=_TTL)
+    return app
+
+
+gated = gated_app()

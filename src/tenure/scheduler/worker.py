@@ -23,8 +23,10 @@ here when its start is recorded, and carried to its 'running' row and its end):
    reused daemon threads (``ctx.check()`` raises and ``ctx.cancelled`` is set when it is
    lost). Daemon threads rather than a ThreadPoolExecutor: a sync job that ignores
    cancellation must not keep a stopping worker alive (executor threads are joined at
-   interpreter exit). ``concurrency`` bounds runs in flight, sync or async: the claim never
-   takes more.
+   interpreter exit). ``concurrency`` bounds job bodies running at once, sync or async,
+   and only that (:mod:`.bodies`): a run whose slot came while every body slot is busy
+   waits for one, its lease renewed. Claimed runs whose bodies have not begun are bounded
+   by ``claim_ahead``, ended runs whose end is not recorded by ``finish_backlog``.
 5. ``sched_finish`` records the outcome and releases the lease, for a batch of runs: one
    finisher task sends whatever ended while its previous statement was in flight. A finished
    slot (succeeded or failed with the lease intact) is never run again; a run that lost
@@ -57,6 +59,7 @@ from ..leases._async.client import AsyncClient, connect_async, default_margin
 from ..leases._async.lease import AsyncLease
 from ..leases.models import Grant
 from .background import listen, prune
+from .bodies import BodyLimit
 from .claim import Claim, RunIdentity
 from .claimer import MAX_IDLE, Claimer
 from .context import JobContext
@@ -94,6 +97,7 @@ class Worker:
         # The claim loop's wake-up: a notification, a run's end, capacity given back, a stop.
         self._wake = asyncio.Event()
         self.saturation = Saturation(self.id, settings.app)
+        self.limit = BodyLimit(settings.concurrency, self._wake)
         self.starter = Starter(
             self.who,
             running=self._running,
@@ -101,20 +105,21 @@ class Worker:
             wake=self._wake,
             saturation=self.saturation,
         )
+        self.finisher = Finisher(
+            self.who,
+            channel=self.channel,
+            backlog=settings.finish_backlog,
+            running=self._running,
+            wake=self._wake,
+        )
         self.claimer = Claimer(
             settings,
             specs,
             starter=self.starter,
-            running=self._running,
+            finisher=self.finisher,
+            limit=self.limit,
             wake=self._wake,
             saturation=self.saturation,
-        )
-        self.finisher = Finisher(
-            self.who,
-            channel=self.channel,
-            concurrency=settings.concurrency,
-            running=self._running,
-            wake=self._wake,
         )
         #: Set once the worker has registered its jobs and claims (for embedding and tests).
         self.ready = threading.Event()
@@ -169,6 +174,7 @@ class Worker:
         self.claimer.stop()
         self.finisher.stop()
         self.starter.stop()  # claims taken ahead of their slots are given back
+        self.limit.close()  # runs waiting for a body slot are handed over
 
     # -- main -------------------------------------------------------------------------------
 
@@ -308,7 +314,7 @@ class Worker:
         run.task = asyncio.create_task(self._run(run), name=f"tenure-run-{claim.job_key}")
 
     async def _run(self, run: Run) -> None:
-        outcome, error, duration = await execute(run)
+        outcome, error, duration = await execute(run, self.limit)
         self.finisher.finish(run, outcome, error, duration)
 
     async def _drain(self) -> None:
