@@ -64,7 +64,9 @@ def _build_app() -> tenure.Scheduler | None:
     jobs = int(os.environ.get("BENCH_JOBS", "0"))
     if not jobs:
         return None
-    built = tenure.Scheduler(concurrency=int(os.environ.get("BENCH_CONCURRENCY", "16")))
+    # BENCH_CONCURRENCY empty: the library's own default (bench_scale.py without --concurrency).
+    concurrency = os.environ.get("BENCH_CONCURRENCY", "16")
+    built = tenure.Scheduler(**({"concurrency": int(concurrency)} if concurrency else {}))
     fn = _anoop if os.environ.get("BENCH_ASYNC") == "1" else _noop
     idle = os.environ.get("BENCH_MODE") == "idle"
     # bench_scale.py: BENCH_CRON (all jobs on one cron) or BENCH_EVERY (default 60s).
@@ -177,7 +179,7 @@ def env_for(
         TENURE_LOG_LEVEL="info",
         BENCH_JOBS=str(jobs),
         BENCH_MODE=mode,
-        BENCH_CONCURRENCY=str(args.concurrency),
+        BENCH_CONCURRENCY="" if args.concurrency is None else str(args.concurrency),
         BENCH_ASYNC="1" if args.async_jobs else "0",
     )
     return env
