@@ -14,6 +14,7 @@ history, and a run whose token was superseded cannot add a row.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import gc
 import os
@@ -288,3 +289,22 @@ def gated_app(dsn: str | None = None, schema: str = "tenure") -> tenure.Schedule
 
 
 gated = gated_app()
+
+
+# -- stubborn: bodies that do not stop when their worker shuts down (triggered by the tests) ---
+
+stubborn = tenure.Scheduler(name="stubborn", shutdown_grace="1s")
+
+
+@stubborn.job("stubborn-sync", cron=NEVER, ttl="30s", quarantine_after=2)
+def stubborn_sync(ctx: tenure.JobContext) -> None:
+    record(ctx, "started")
+    time.sleep(10**6)  # never looks at ctx: nothing can stop it
+
+
+@stubborn.job("stubborn-async", cron=NEVER, ttl="30s", quarantine_after=2)
+async def stubborn_async(ctx: tenure.JobContext) -> None:
+    await record_async(ctx, "started")
+    while True:
+        with contextlib.suppress(asyncio.CancelledError):  # a body that refuses cancellation
+            await asyncio.sleep(1000)

@@ -321,6 +321,16 @@ def worker_command(
     finally:
         if dashboard is not None:
             dashboard.close()
+    if scheduler.left_behind:
+        # A job body that did not stop still runs in this process (a thread, a task, an
+        # executor thread that interpreter exit would join): the worker said it stopped, so
+        # the process ends now. Its runs are recorded 'abandoned' and handed over.
+        import logging
+
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 @click.group("jobs", context_settings=CONTEXT)

@@ -37,7 +37,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from types import MappingProxyType
 from typing import Any, TypeVar
 
@@ -137,6 +137,8 @@ class Scheduler:
         self._module = sys._getframe(1).f_globals.get("__name__", "?")
         self._jobs: dict[str, JobSpec] = {}
         self._worker: Worker | None = None
+        #: Runs the last worker stopped without, because their bodies did not stop.
+        self.left_behind = 0
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def __repr__(self) -> str:
@@ -282,8 +284,11 @@ class Scheduler:
         shutdown_grace: Duration | None = None,
         adopt: bool = False,
     ) -> None:
-        """Run a worker until SIGTERM/SIGINT (a second one cancels running jobs)."""
-        asyncio.run(
+        """Run a worker until SIGTERM/SIGINT (a second one cancels running jobs) on an event
+        loop of its own. Unlike ``asyncio.run``, it returns once the worker has stopped even if
+        a job body refused to (an async body that swallows CancelledError): such a run is
+        recorded 'abandoned' and its task left behind (:attr:`left_behind` counts them)."""
+        _run_loop(
             self.run_async(concurrency=concurrency, shutdown_grace=shutdown_grace, adopt=adopt)
         )
 
@@ -324,6 +329,7 @@ class Scheduler:
             for sig in handled:
                 loop.remove_signal_handler(sig)
             self._worker, self._loop = None, None
+            self.left_behind = worker.left_behind
 
     def settings(
         self,
@@ -394,6 +400,32 @@ class Scheduler:
 
     def register(self, *, adopt: bool = False) -> None:
         asyncio.run(self.register_async(adopt=adopt))
+
+
+#: Seconds tasks still pending when a worker has stopped get after their cancellation.
+LEFTOVER_WAIT = 1.0
+
+
+def _run_loop(main: Coroutine[Any, Any, None]) -> None:
+    """``asyncio.run(main)``, except that tasks still pending when ``main`` returns get
+    :data:`LEFTOVER_WAIT` after their cancellation instead of forever (asyncio.run waits for
+    each: one job body that swallows CancelledError kept a stopped worker alive), and the
+    default executor's threads are not waited for (one blocked there would do the same)."""
+    loop = asyncio.new_event_loop()
+    try:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(main)
+    finally:
+        try:
+            pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.wait(pending, timeout=LEFTOVER_WAIT))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
 
 
 def _check_signature(key: str, fn: Callable[..., Any]) -> None:

@@ -51,6 +51,11 @@ class Run:
     row_written: bool = False
     ended: bool = False
 
+    @property
+    def threaded(self) -> bool:
+        """Its body runs in a thread of this process (a sync function, not isolated)."""
+        return self.spec.isolation != "process" and not self.spec.is_async
+
 
 class BodyRaised(Exception):
     """Carries a ``BaseException`` the body raised (``SystemExit``, ``KeyboardInterrupt``,
@@ -91,7 +96,7 @@ async def execute(run: Run, limit: BodyLimit) -> tuple[str, str | None, float]:
     lease, ctx = run.lease, run.ctx
     keeper: asyncio.TimerHandle | None = None
     holding = released_by_thread = False
-    threaded = run.spec.isolation != "process" and not run.spec.is_async
+    threaded = run.threaded
     if log.isEnabledFor(logging.DEBUG):  # formatting the slot costs a run more than its no-op
         extra = run_fields(key, token, run.ident.slot)
         log.debug("job %r slot %s starts with token %s", key, extra["slot"], token, extra=extra)
