@@ -20,10 +20,12 @@ PACKAGE = SRC / "tenure"
 #: facade, sits above everything and imports lazily).
 LAYERS: list[set[str]] = [
     {"tenure.errors"},
-    {"tenure.metrics", "tenure.validation", "tenure._compat", "tenure._acompat"},
+    {"tenure.metrics", "tenure.tracing", "tenure.validation", "tenure._compat", "tenure._acompat"},
     {"tenure.db"},
     {"tenure.leases"},
     {"tenure.exec", "tenure.outbox", "tenure.scheduler"},
+    # @tenure.once: a guard over exec's slots and the scheduler's schedules; no framework.
+    {"tenure.guard"},
     # Integrations use the capabilities (the scheduler, exec's slots, the outbox); the command
     # line never imports them, so that `tenure` loads no framework. `tenure verify` drives the
     # lease core and the scheduler under faults, beside them.
@@ -198,7 +200,7 @@ def test_the_checks_catch_a_cycle_and_an_upward_import() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
     assert layer_of("tenure.leases._async.client") == (3, "tenure.leases")
-    assert layer_of("tenure.cli.main") == (6, "tenure.cli")
+    assert layer_of("tenure.cli.main") == (7, "tenure.cli")
     known = set(modules())
     imports = imports_of("tenure.db.queries", PACKAGE / "db" / "queries.py", known)
     assert all(layer_of(i.target) is not None for i in imports)
@@ -211,7 +213,8 @@ def test_the_checks_catch_a_cycle_and_an_upward_import() -> None:
         ("tenure.db.queries", "tenure.leases.models", False),
         ("tenure.scheduler.worker", "tenure.outbox.relay", False),
         ("tenure.cli.exec", "tenure.exec.runner", True),
-        ("tenure.contrib.once", "tenure.exec.slots", True),
+        ("tenure.guard", "tenure.exec.slots", True),
+        ("tenure.contrib.once", "tenure.guard", True),
         ("tenure.contrib.asgi", "tenure.observability.http", False),
     ],
 )

@@ -7,7 +7,6 @@ older than the last it accepted. See docs/safety.md.
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Any
 
 from . import metrics
@@ -37,7 +36,7 @@ from .validation import parse_duration
 
 if TYPE_CHECKING:
     from . import outbox
-    from .contrib.once import OnceContext, once
+    from .guard import OnceContext, once
     from .leases._async.client import AsyncClient, connect_async
     from .leases._async.fencing import fence_async
     from .leases._async.lease import AsyncLease, AsyncLeaseContext
@@ -55,8 +54,8 @@ _LAZY = {
     "AsyncLeaseContext": ".leases._async.lease",
     "AsyncResults": ".leases._async.results",
     "JobContext": ".scheduler",
-    "OnceContext": ".contrib.once",
-    "once": ".contrib.once",
+    "OnceContext": ".guard",
+    "once": ".guard",
     "Scheduler": ".scheduler",
     "inbox": ".outbox.inbox",
     "outbox": ".outbox",
@@ -77,8 +76,10 @@ def __getattr__(name: str) -> Any:
 
 __version__ = "0.1.0"
 
-# A library logs, the application decides where to: no output unless logging is configured.
-logging.getLogger("tenure").addHandler(logging.NullHandler())
+# No NullHandler on "tenure": with one, a program that configures no logging (or only its
+# server's own loggers, as uvicorn and gunicorn do) would never see a lost lease or a refused
+# write. Without it, warnings and errors reach stderr through logging's last resort until the
+# application configures logging, which then decides alone.
 
 __all__ = [
     "AsyncClient",

@@ -23,7 +23,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from .errors import InvalidArgumentType
 
@@ -128,6 +128,16 @@ class _Export:
 
 
 _installed: dict[int, _Export] = {}
+
+
+#: What became of one delivery attempt of an outbox message.
+DeliveryOutcome = Literal["delivered", "retry", "dead", "lost_claim"]
+
+
+def delivery(topic: str, outcome: DeliveryOutcome, seconds: float) -> None:
+    """One outbox delivery attempt of ``topic`` ended (the relay's metric): counted by
+    outcome, its duration observed (``tenure_outbox_delivery_*`` in Prometheus)."""
+    emit(OUTBOX_DELIVERY, topic, outcome, seconds)
 
 
 def install_prometheus(registry: Any = None) -> Callable[[], None]:

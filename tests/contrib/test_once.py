@@ -11,8 +11,8 @@ import pytest
 
 import tenure
 from tenure import metrics
-from tenure.contrib.once import OnceContext
 from tenure.exec.slots import slot_state
+from tenure.guard import OnceContext
 
 from ..support.examples import parse_slot
 
@@ -205,3 +205,18 @@ def test_coroutine_functions_run_on_the_loop_once_per_slot(
     assert asyncio.run(scenario()) == [None, 1, None]
     assert ran == [1]
     assert sorted(e.outcome for e in events) == ["already_done", "busy", "succeeded"]
+
+
+def test_the_old_module_is_a_deprecated_alias() -> None:
+    """``tenure.contrib.once`` moved to ``tenure.guard`` (it needs no extra); the old import
+    still works, with a DeprecationWarning, and names the same objects."""
+    import importlib
+    import sys
+
+    import tenure.guard
+
+    sys.modules.pop("tenure.contrib.once", None)
+    with pytest.warns(DeprecationWarning, match="tenure.guard"):
+        old = importlib.import_module("tenure.contrib.once")
+    assert old.once is tenure.guard.once is tenure.once
+    assert old.OnceContext is tenure.OnceContext

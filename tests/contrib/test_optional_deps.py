@@ -23,7 +23,7 @@ print(",".join(sorted(m for m in sys.modules if m.split(".")[0] in frameworks)))
     [
         "import tenure",
         "import tenure; tenure.once; tenure.OnceContext; tenure.Scheduler",
-        "import tenure.contrib, tenure.contrib.once",
+        "import tenure.contrib, tenure.guard",
         # The CLI with every command registered, as `tenure --help` loads it.
         "from tenure.cli import main\nsys.argv = ['tenure', '--help']\ntry:\n    main()\n"
         "except SystemExit as e:\n    assert e.code == 0",

@@ -296,7 +296,7 @@ def test_relay_refuses_a_bad_retention(dsn: str, schema: str) -> None:
         async with await tenure.connect_async(dsn, schema=schema, migrate=True) as aclient:
             with pytest.raises(tenure.InvalidArgument, match="at least 1d"):
                 Relay(aclient, {"t": lambda m: None}, inbox_retention="1h")
-            assert Relay(aclient, {"t": lambda m: None}, retention=None).retention is None
+            assert Relay(aclient, {"t": lambda m: None}, retention=None).settings.pruning is None
 
     asyncio.run(main())
 

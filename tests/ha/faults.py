@@ -11,6 +11,8 @@ time budget): see tests/ha/test_patroni_*.py.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -72,9 +74,11 @@ def _wait(predicate: Callable[[], object], timeout: float, what: str) -> None:
         time.sleep(0.2)
 
 
-def run_fault(c: PatroniCluster, fault: str, out: Path) -> tuple[str, Recovery]:
-    """One fault under load; asserts the checks; returns what was done and the recovery."""
-    out.mkdir(parents=True, exist_ok=True)
+def run_fault(c: PatroniCluster, fault: str) -> tuple[str, Recovery]:
+    """One fault under load; asserts the checks; returns what was done and the recovery.
+    The processes' logs are deleted after a pass and kept (the path is in the failure)
+    otherwise: not under pytest's tmp_path, which other runs on the machine rotate away."""
+    out = Path(tempfile.mkdtemp(prefix=f"tenure-ha-{fault}-"))
     load = Workload(c.dsn, f"ha_{uuid.uuid4().hex[:10]}", out)
     try:
         load.start()
@@ -110,7 +114,7 @@ def run_fault(c: PatroniCluster, fault: str, out: Path) -> tuple[str, Recovery]:
     print(summary)
     with (Path(os.environ.get("TENURE_HA_REPORT", os.devnull))).open("a") as f:
         f.write(summary + "\n")
-    assert not report.violations, "\n".join(report.violations[:20])
-    if c.synchronous:
-        assert not report.lost_acks, "\n".join(report.lost_acks[:20])
+    found = report.violations + (report.lost_acks if c.synchronous else [])
+    assert not found, f"{what}: logs in {out}\n" + "\n".join(found[:20])
+    shutil.rmtree(out, ignore_errors=True)
     return what, recovery

@@ -411,3 +411,57 @@ def test_relay_refuses_a_claim_shorter_than_the_call(client: tenure.Client, dsn:
                 Relay(aclient, {"t": lambda m: None}, concurrency=0)
 
     asyncio.run(scenario())
+
+
+def _listeners(dsn: str, channel: str) -> list[int]:
+    """The relay backends whose last statement was the LISTEN on ``channel`` (this test's
+    schema only: other tests' relays on the same server are left alone)."""
+    rows = query(
+        dsn,
+        "SELECT pid FROM pg_stat_activity WHERE application_name = 'tenure-relay' "
+        "AND query LIKE %s",
+        (f"LISTEN %{channel}%",),
+    )
+    return [int(r[0]) for r in rows]
+
+
+def test_a_relay_listens_again_after_its_backend_is_terminated(
+    client: tenure.Client, dsn: str
+) -> None:
+    """pg_terminate_backend on the relay's listening connection (a restart or failover does
+    the same): the notifier reconnects, and the next commit wakes the relay, whose poll
+    (an hour) could not."""
+    s = client.schema
+    channel = outbox.channel(s)
+    delivered: list[str] = []
+
+    async def handler(m: Message) -> None:
+        delivered.append(m.key)
+
+    async def scenario() -> None:
+        async with await tenure.connect_async(dsn, schema=s) as aclient:
+            relay = Relay(aclient, {"t": handler}, poll=3600)
+            ready = asyncio.Event()
+            task = asyncio.create_task(relay.run(ready=ready.set))
+            try:
+                async with asyncio.timeout(30):  # a guard against a hang, not a measurement
+                    await ready.wait()
+                    first = await asyncio.to_thread(
+                        wait_for, lambda: _listeners(dsn, channel), 20, "the relay to listen"
+                    )
+                    query(dsn, "SELECT pg_terminate_backend(%s)", (first[0],))
+                    await asyncio.to_thread(
+                        wait_for,
+                        lambda: [p for p in _listeners(dsn, channel) if p not in first],
+                        20,
+                        "the relay to listen again",
+                    )
+                    await asyncio.to_thread(enqueue, dsn, s, [("t", "after", {}, None)])
+                    while delivered != ["after"]:
+                        await asyncio.sleep(0.02)
+            finally:
+                relay.stop()
+                await asyncio.wait_for(task, 30)
+
+    asyncio.run(scenario())
+    assert delivered == ["after"]

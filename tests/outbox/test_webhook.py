@@ -161,8 +161,8 @@ def test_a_claim_must_outlive_the_call_by_a_margin(client: tenure.Client, dsn: s
             with pytest.raises(tenure.InvalidArgument, match="visibility"):
                 Relay(aclient, {"t": lambda m: None}, timeout=100, visibility=105)
             ok = Relay(aclient, {"t": lambda m: None}, timeout=1, visibility=2)
-            assert ok.visibility == 2
-            assert Relay(aclient, {"t": lambda m: None}, timeout=10).visibility == 20
+            assert ok.settings.claim_ttl == 2
+            assert Relay(aclient, {"t": lambda m: None}, timeout=10).settings.claim_ttl == 20
 
     asyncio.run(scenario())
 

@@ -19,7 +19,7 @@ from tests.support.scheduler_support import claim_batch, prepare, query, slot_in
 def claim(client: tenure.Client, ahead: float, limit: int = 10) -> tuple[list[str], Any, Any]:
     """The keys claimed, the database's now and the look-again time."""
     claims, summary = claim_batch(client, ahead, limit=limit)
-    return [c.job_key for c in claims], summary[19], summary[20]
+    return [c.job_key for c in claims], summary.now, summary.ready_at
 
 
 def app_with(dsn: str, schema: str, *jobs: tuple[str, str]) -> None:

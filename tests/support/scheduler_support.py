@@ -19,6 +19,7 @@ from psycopg import sql
 
 import tenure
 from tenure.scheduler.claim import Claim, claims_from_rows
+from tenure.scheduler.rows import ClaimRow
 from tests.support.env import ROOT
 from tests.support.scheduler_apps import EVIDENCE
 
@@ -75,13 +76,14 @@ def claim_batch(
     limit: int = 10,
     app: str = "a",
     exclude: Sequence[str] = (),
-) -> tuple[list[Claim], Sequence[Any]]:
+) -> tuple[list[Claim], ClaimRow]:
     """One ``sched_claim`` as a worker of ``app`` sends it: the claims and the summary row."""
     rows = client.fetch(
         "sched_claim",
         {"limit": limit, "exclude": list(exclude), "app": app, "ahead": ahead},
         doing="claiming",
         wrote=True,
+        row=ClaimRow,
     )
     return claims_from_rows(rows)
 

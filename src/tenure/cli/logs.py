@@ -3,6 +3,7 @@ code only logs under ``tenure.*`` with structured ``extra`` fields (job, token, 
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import sys
@@ -11,7 +12,12 @@ from typing import Any
 from ..db.dsn import redact
 from .tables import printable
 
-_FIELDS = ("job", "token", "owner", "slot", "outcome", "current_token")
+#: What every LogRecord has: anything else on a record came from ``extra=`` and is a field.
+_RECORD_ATTRIBUTES = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
+    "message",
+    "asctime",
+    "taskName",
+}
 
 
 class TextFormatter(logging.Formatter):
@@ -28,17 +34,24 @@ class JsonFormatter(logging.Formatter):
 
     def _format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
-            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "time": _rfc3339(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
         }
-        for field in _FIELDS:
-            if hasattr(record, field):
-                out[field] = getattr(record, field)
+        for field, value in record.__dict__.items():
+            if field not in _RECORD_ATTRIBUTES and field not in out:
+                out[field] = value
         if record.exc_info:
             out["exception"] = self.formatException(record.exc_info)
         return json.dumps(out, default=str)
+
+
+def _rfc3339(created: float) -> str:
+    """RFC 3339 in UTC with milliseconds (``2026-12-04T03:04:05.678Z``): sortable, and
+    unambiguous across hosts in other zones."""
+    moment = dt.datetime.fromtimestamp(created, dt.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
 def setup(level: str = "warning", fmt: str = "text") -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import click
@@ -30,6 +32,37 @@ def _check_webhooks(
         if not sep or not topic or not url:
             raise click.BadParameter(f"takes TOPIC=URL, got {spec!r}")
     return value
+
+
+def load_handlers(spec: str) -> dict[str, Any]:
+    """Handlers from ``MODULE:ATTR``: a mapping of topic to handler, or a callable returning
+    one. The current directory is importable, as for ``python -m`` (a command-line concern:
+    the library never edits ``sys.path``)."""
+    from ..errors import ConfigurationError, InvalidArgument
+
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise InvalidArgument(
+            f"--handlers takes MODULE:ATTR (e.g. myapp.outbox:HANDLERS), got {spec!r}"
+        )
+    if "" not in sys.path and "." not in sys.path:
+        sys.path.insert(0, "")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigurationError(f"cannot import handler module {module_name!r}: {exc}") from exc
+    try:
+        found = getattr(module, attr)
+    except AttributeError:
+        raise ConfigurationError(f"module {module_name!r} has no attribute {attr!r}") from None
+    if callable(found) and not isinstance(found, Mapping):
+        found = found()
+    if not isinstance(found, Mapping):
+        raise ConfigurationError(
+            f"{spec} must be a mapping of topic to handler (or a function returning one), "
+            f"got {type(found).__name__}"
+        )
+    return dict(found)
 
 
 @click.command(context_settings=CONTEXT)
@@ -163,21 +196,13 @@ def relay(
     webhooks: tuple[str, ...],
     handler_specs: tuple[str, ...],
     topics: tuple[str, ...],
-    concurrency: int,
-    timeout: float,
-    visibility: float | None,
-    max_attempts: int,
-    backoff: float,
-    backoff_max: float,
-    poll: float,
     connect_timeout: float,
     ca_bundle: str | None,
     client_cert: str | None,
     client_key: str | None,
-    retention: float,
-    inbox_retention: float,
     metrics_port: int | None,
     metrics_host: str,
+    **options: Any,
 ) -> None:
     """Deliver committed outbox messages, at least once, until SIGTERM or Ctrl-C.
 
@@ -190,7 +215,11 @@ def relay(
     setup_logs(log_level, log_format)
     from ..errors import InvalidArgument
     from ..outbox import relay as relay_mod
+    from ..outbox.settings import RelaySettings
     from ..outbox.webhook import HttpSession, webhook
+
+    # Every other flag is a relay option, spelled once: a field of RelaySettings.
+    settings = RelaySettings.of({**options, "topics": topics or None})
 
     handlers: dict[str, Any] = {}
 
@@ -213,7 +242,7 @@ def relay(
             raise InvalidArgument(f"--webhook takes TOPIC=URL, got {spec!r}")
         add(topic, webhook(url, session=session), f"--webhook {spec}")
     for spec in handler_specs:
-        for topic, handler in relay_mod.load_handlers(spec).items():
+        for topic, handler in load_handlers(spec).items():
             add(topic, handler, f"--handlers {spec}")
     if not handlers:
         usage_error("no handlers: pass --webhook TOPIC=URL and/or --handlers MODULE:ATTR")
@@ -228,27 +257,12 @@ def relay(
         # One line on stdout, so scripts and tests know the relay is listening.
         click.echo(
             f"tenure relay {r.id}: delivering {', '.join(sorted(r.handlers))} "
-            f"from schema {schema!r} (concurrency {r.concurrency})"
+            f"from schema {schema!r} (concurrency {r.settings.concurrency})"
         )
         sys.stdout.flush()
 
     serve_from_cli(metrics_port, metrics_host, dsn=dsn, schema=schema)
-    done = relay_mod.serve(
-        handlers,
-        dsn=dsn,
-        schema=schema,
-        ready=ready,
-        concurrency=concurrency,
-        timeout=timeout,
-        visibility=visibility,
-        max_attempts=max_attempts,
-        backoff=backoff,
-        backoff_max=backoff_max,
-        poll=poll,
-        topics=topics or None,
-        retention=retention,
-        inbox_retention=inbox_retention,
-    )
+    done = relay_mod.serve(handlers, dsn=dsn, schema=schema, ready=ready, settings=settings)
     click.echo(f"tenure relay {done.id}: stopped ({done.delivered} delivered)")
 
 

@@ -2,8 +2,6 @@
 optional extra (``pip install tenure[sqlalchemy]``, ``[django]``, ...) and is imported only
 by whoever uses it, so ``import tenure`` never pulls a framework in.
 
-* :mod:`tenure.contrib.once`: ``@tenure.once``, at most once per slot across processes
-  (APScheduler, Celery beat, any loop); needs no extra.
 * :mod:`tenure.contrib.sqlalchemy`: ``fence``/``outbox_enqueue`` joining a Session's
   transaction.
 * :mod:`tenure.contrib.django`: a Django app (fence in ``atomic()``, ``manage.py

@@ -26,12 +26,21 @@ most callers name the client class itself.
 from __future__ import annotations
 
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar, overload
 
 from psycopg import AsyncConnection, Connection
 
 #: A row as it comes back: the statement's columns in order.
 Row = tuple[Any, ...]
+#: A row type (:mod:`tenure.db.rows`): a NamedTuple of the statement's columns.
+R = TypeVar("R", bound=tuple[Any, ...])
+
+
+def typed(rows: list[Row], row: type[R]) -> list[R]:
+    """``rows`` as ``row`` records: what ``row._make`` does, without its length check (the
+    row types test compares each row type with its statement's columns)."""
+    new = tuple.__new__
+    return [new(row, r) for r in rows]
 
 
 class AsyncExecutor(Protocol):
@@ -43,14 +52,27 @@ class AsyncExecutor(Protocol):
     @property
     def conninfo(self) -> str | None: ...
 
+    @overload
     async def fetch(
         self, name: str, params: dict[str, Any], *, doing: str, wrote: bool = False
     ) -> list[Row]: ...
 
+    @overload
+    async def fetch(
+        self, name: str, params: dict[str, Any], *, doing: str, wrote: bool = False, row: type[R]
+    ) -> list[R]: ...
+
+    @overload
     async def fetch_one(
         self, name: str, params: dict[str, Any], *, doing: str, wrote: bool = False
     ) -> Row | None: ...
 
+    @overload
+    async def fetch_one(
+        self, name: str, params: dict[str, Any], *, doing: str, wrote: bool = False, row: type[R]
+    ) -> R | None: ...
+
+    @overload
     async def fetch_sized(
         self,
         name: str,
@@ -61,6 +83,19 @@ class AsyncExecutor(Protocol):
         serialize: str,
         wrote: bool = False,
     ) -> list[Row]: ...
+
+    @overload
+    async def fetch_sized(
+        self,
+        name: str,
+        params: dict[str, Any],
+        *,
+        doing: str,
+        seconds: float,
+        serialize: str,
+        wrote: bool = False,
+        row: type[R],
+    ) -> list[R]: ...
 
     def fenced(
         self, job_key: str, token: int
@@ -78,14 +113,27 @@ class Executor(Protocol):
     @property
     def conninfo(self) -> str | None: ...
 
+    @overload
     def fetch(
         self, name: str, params: dict[str, Any], *, doing: str, wrote: bool = False
     ) -> list[Row]: ...
 
+    @overload
+    def fetch(
+        self, name: str, params: dict[str, Any], *, doing: str, wrote: bool = False, row: type[R]
+    ) -> list[R]: ...
+
+    @overload
     def fetch_one(
         self, name: str, params: dict[str, Any], *, doing: str, wrote: bool = False
     ) -> Row | None: ...
 
+    @overload
+    def fetch_one(
+        self, name: str, params: dict[str, Any], *, doing: str, wrote: bool = False, row: type[R]
+    ) -> R | None: ...
+
+    @overload
     def fetch_sized(
         self,
         name: str,
@@ -97,9 +145,22 @@ class Executor(Protocol):
         wrote: bool = False,
     ) -> list[Row]: ...
 
+    @overload
+    def fetch_sized(
+        self,
+        name: str,
+        params: dict[str, Any],
+        *,
+        doing: str,
+        seconds: float,
+        serialize: str,
+        wrote: bool = False,
+        row: type[R],
+    ) -> list[R]: ...
+
     def fenced(self, job_key: str, token: int) -> AbstractContextManager[Connection[Any]]: ...
 
     def connection(self) -> AbstractContextManager[Connection[Any]]: ...
 
 
-__all__ = ["AsyncExecutor", "Executor", "Row"]
+__all__ = ["AsyncExecutor", "Executor", "R", "Row", "typed"]

@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .. import tracing
 from .history import prune_history, record_finish, record_start
 from .output import say
 from .slots import SlotState, record_slot, slot_state
@@ -161,7 +162,15 @@ def _run_connected(client: Client, conninfo: str, req: ExecRequest, child: Super
     started = time.monotonic()
     try:
         with client.lease(req.key, ttl=req.ttl, wait=req.wait) as lease:
-            code, outcome = _run_leased(client, lease, conninfo, req, slot, child, open_until)
+            attributes = {
+                "tenure.job_key": req.key,
+                "tenure.token": lease.token,
+                "tenure.slot": slot,
+            }
+            with tracing.span("tenure.exec", attributes) as span:
+                code, outcome = _run_leased(client, lease, conninfo, req, slot, child, open_until)
+                span.set("process.exit.code", code)
+                span.outcome(outcome)
     except LeaseBusy as busy:
         metrics.emit(metrics.JOB, req.key, "busy")
         if not req.quiet:
@@ -205,6 +214,11 @@ def _run_leased(
         env["TENURE_SLOT"] = slot
     else:  # not an outer exec's slot either
         env.pop("TENURE_SLOT", None)
+    # The command's own spans can join this run's trace (OpenTelemetry's TRACEPARENT
+    # environment convention for processes).
+    parent = tracing.traceparent()
+    if parent is not None:
+        env["TRACEPARENT"] = parent
     child.token = lease.token
     lease.on_lost(child.lease_lost)
     record_start(client, req.key, lease.token, slot)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ..db.queries import query
 from ..errors import InvalidArgument, mapped
 from ..validation import check_text
+from .rows import SlotCheckRow
 
 if TYPE_CHECKING:
     from ..leases._sync.client import Client
@@ -84,13 +85,13 @@ def format_slot(instant: dt.datetime) -> str:
 def slot_state(client: Client, job_key: str, slot: str | None, every: int | None) -> SlotState:
     """The slot (named by ``slot``, by the database clock rounded to ``every`` seconds, or
     ``slot@time`` with both) and whether it already completed, in one round trip."""
-    rows = client.fetch(
+    r = client.fetch(
         "exec_slot_check",
         {"job_key": job_key, "slot": slot, "every": every, "schema": client.schema},
         doing=f"checking the schedule slot of {job_key!r}",
-    )
-    name, token, completed_at, open_until, can_record, role = rows[0]
-    return SlotState(name, token, completed_at, bool(can_record), role, open_until)
+        row=SlotCheckRow,
+    )[0]
+    return SlotState(r.slot, r.token, r.completed_at, bool(r.can_record), r.role, r.open_until)
 
 
 def record_slot(

@@ -14,6 +14,8 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .rows import StatusRow
+
 if TYPE_CHECKING:
     import uuid
 
@@ -114,50 +116,47 @@ def overview(client: Client, *, window: float = 3600.0) -> list[JobOverview]:
         "status_jobs",
         {"window": dt.timedelta(seconds=window)},
         doing="reading the status of every job",
+        row=StatusRow,
     )
     found = []
-    for row in rows:
-        key, token, owner, until, held, left, scheduled, paused, next_slot = row[:9]
-        slot, exec_slot, kind, run_token, outcome, started, finished, error, code = row[9:18]
-        runs, failures, lost, stale, durations, result_token, result_at, now = row[18:26]
-        quarantined = row[26]
+    for r in rows:
         last = None
-        if started is not None:
+        if r.started_at is not None:
             last = LastRun(
-                slot if kind != "exec" else exec_slot,
-                kind,
-                run_token,
-                outcome,
-                started,
-                finished,
-                error,
-                code,
+                r.slot if r.kind != "exec" else r.exec_slot,
+                r.kind,
+                r.token,
+                r.outcome,
+                r.started_at,
+                r.finished_at,
+                r.error,
+                r.exit_code,
             )
-        p50, p95, p99 = durations if durations is not None else (None, None, None)
+        p50, p95, p99 = r.durations if r.durations is not None else (None, None, None)
         found.append(
             JobOverview(
-                job_key=key,
-                token=token,
-                owner=owner,
-                expires_at=until,
-                held=held,
-                seconds_left=left,
-                scheduled=scheduled,
-                paused=paused,
-                next_slot=next_slot,
+                job_key=r.job_key,
+                token=r.fencing_token,
+                owner=r.lease_owner,
+                expires_at=r.lease_until,
+                held=r.held,
+                seconds_left=r.seconds_left,
+                scheduled=r.scheduled,
+                paused=r.paused,
+                next_slot=r.next_slot,
                 last_run=last,
                 window=window,
-                runs=runs,
-                failures=failures,
-                lost_leases=lost,
-                stale_rejections=stale,
+                runs=r.runs,
+                failures=r.failures,
+                lost_leases=r.lost_leases,
+                stale_rejections=r.stale_rejections,
                 p50=p50,
                 p95=p95,
                 p99=p99,
-                result_token=result_token,
-                result_at=result_at,
-                now=now,
-                quarantined=quarantined,
+                result_token=r.applied_fencing_token,
+                result_at=r.written_at,
+                now=r.now,
+                quarantined=r.quarantine_reason,
             )
         )
     return found

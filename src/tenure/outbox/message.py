@@ -8,12 +8,14 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ..db.rows import row_of
 from ..errors import InvalidArgument
 
 State = Literal["pending", "delivered", "dead"]
 STATES: tuple[State, ...] = ("pending", "delivered", "dead")
 
 
+@row_of("outbox_claim", "outbox_list")  # built by position: Message(*row)
 @dataclass(frozen=True, slots=True)
 class Message:
     """One outbox message as the database saw it (times are database times).
@@ -38,6 +40,8 @@ class Message:
     last_attempt_at: dt.datetime | None
     delivered_at: dt.datetime | None
     claimed_until: dt.datetime | None
+    #: The W3C trace context current when it was enqueued (with OpenTelemetry), else None.
+    traceparent: str | None = None
 
     @property
     def idempotency_key(self) -> str:

@@ -40,6 +40,10 @@ Messages of one ``(topic, order_key)`` are claimable one at a time in id order (
 query skips a message while an older one of its key is undelivered), so per-key order holds
 across any number of relays. Relays sleep on ``LISTEN``; ``enqueue`` notifies at commit. A
 poll interval bounds the sleep in case a notification is missed (listen connection lost).
+
+Modules: :mod:`.settings` (the options, one frozen value), :mod:`.handlers` (what a handler
+is), :mod:`.delivery` (steps 2 to 4 for one message), :mod:`.presence` (step 5); this one
+claims (step 1), wakes on notifications (:mod:`tenure.db.notifier`) and runs the rest.
 """
 
 from __future__ import annotations
@@ -47,118 +51,39 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-import importlib
-import inspect
 import logging
-import os
-import random
 import signal
-import socket
-import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from .. import metrics
 from ..db import channels
 from ..db.notifier import Retry, listen_forever
 from ..db.pruning import prune_forever
-from ..db.retention import (
-    DEFAULT_INBOX_RETENTION,
-    DEFAULT_RETENTION,
-    RELAY_TABLES,
-    Retention,
-)
+from ..db.retention import RELAY_TABLES
 from ..errors import ConfigurationError, DatabaseError, InvalidArgument, SchemaNotReady
 from ..leases._async.client import AsyncClient, connect_async
-from ..validation import Duration, parse_duration
-from ._async.store import check_topic, message_from_row, unhandled_async
+from ._async.store import message_from_row
+from .delivery import Delivery
+from .handlers import Handler, aclose_all, checked
 from .message import Message
+from .presence import Presence
+from .settings import RelaySettings, claim_margin
+
+__all__ = ["Handler", "Relay", "RelaySettings", "claim_margin", "serve"]
 
 log = logging.getLogger("tenure.relay")
-
-#: A handler receives the message and returns normally when it was delivered; any exception
-#: (or the timeout) is a failed attempt. Coroutine functions are awaited; plain functions
-#: run in a worker thread.
-Handler = Callable[[Message], Any]
-
-#: metrics event: job = topic; outcome = delivered | retry | dead | lost_claim; value = s.
-DELIVERY = "outbox_delivery"
-
-MAX_ERROR = 2000
-
-#: How long a relay's registration lasts without a beat; it beats every third of that.
-BEAT_TTL = 30.0
-#: A topic nobody handles is logged again at most this often (per relay).
-UNHANDLED_LOG_EVERY = 300.0
-
-
-def claim_margin(timeout: float) -> float:
-    """How much longer than a call its claim must last: for clock-rate drift between the
-    relay and the database, aborting the call at its deadline and recording the outcome."""
-    return max(1.0, timeout / 10)
-
-
-def load_handlers(spec: str) -> dict[str, Handler]:
-    """Handlers from ``MODULE:ATTR``: a mapping of topic to handler, or a callable returning
-    one. The current directory is importable, as for ``python -m``."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise InvalidArgument(
-            f"--handlers takes MODULE:ATTR (e.g. myapp.outbox:HANDLERS), got {spec!r}"
-        )
-    if "" not in sys.path and "." not in sys.path:
-        sys.path.insert(0, "")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigurationError(f"cannot import handler module {module_name!r}: {exc}") from exc
-    try:
-        found = getattr(module, attr)
-    except AttributeError:
-        raise ConfigurationError(f"module {module_name!r} has no attribute {attr!r}") from None
-    if callable(found) and not isinstance(found, Mapping):
-        found = found()
-    if not isinstance(found, Mapping):
-        raise ConfigurationError(
-            f"{spec} must be a mapping of topic to handler (or a function returning one), "
-            f"got {type(found).__name__}"
-        )
-    return dict(found)
-
-
-def _is_async(handler: Handler) -> bool:
-    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
-        getattr(handler, "__call__", None)  # noqa: B004 - an object with async __call__
-    )
-
-
-# -- the relay -----------------------------------------------------------------------------
 
 
 class Relay:
     """Deliver one schema's outbox to ``handlers`` (topic -> handler).
 
     ``await relay.run()`` until :meth:`stop` (or cancellation); several relays, in one
-    process or many, share the work. Options (durations in seconds or like ``"10s"``):
-
-    * ``concurrency``: handler calls in flight at once;
-    * ``timeout``: per handler call; ``visibility``: how long a claim lasts (default
-      ``1.5 * timeout + 5s``; at least ``timeout`` + :func:`claim_margin`), i.e. how soon a
-      dead relay's messages are retried by others;
-    * ``max_attempts``: attempts before a message is parked as dead;
-    * ``backoff`` / ``backoff_max``: the retry delay doubles from ``backoff`` up to
-      ``backoff_max``, with jitter;
-    * ``poll``: longest sleep without a notification;
-    * ``topics``: claim only these topics, each of which needs a handler (default: every
-      topic in ``handlers``). Messages of other topics are left for the relays that handle
-      them.
-    * ``retention`` / ``inbox_retention``: while it runs, the relay prunes delivered messages
-      older than ``retention`` and inbox claims older than ``inbox_retention`` (at least
-      1d) every few minutes, in short batches (see docs/retention.md); ``None``: it does
-      not prune.
+    process or many, share the work. How it claims and delivers is a
+    :class:`~tenure.outbox.settings.RelaySettings`: pass one as ``settings``, or its fields
+    as keyword arguments (``Relay(client, handlers, timeout="30s")``), not both.
 
     Handlers with an ``aclose()`` coroutine (the :class:`~tenure.outbox.webhook.Webhook`,
     whose HTTP client keeps connections open) are closed when :meth:`run` returns; after
@@ -169,51 +94,20 @@ class Relay:
         self,
         client: AsyncClient,
         handlers: Mapping[str, Handler],
-        *,
-        concurrency: int = 4,
-        timeout: Duration = 10.0,
-        visibility: Duration | None = None,
-        max_attempts: int = 10,
-        backoff: Duration = 1.0,
-        backoff_max: Duration = 300.0,
-        poll: Duration = 5.0,
-        topics: Iterable[str] | None = None,
-        retention: Duration | None = DEFAULT_RETENTION,
-        inbox_retention: Duration = DEFAULT_INBOX_RETENTION,
+        settings: RelaySettings | None = None,
+        **options: Any,
     ) -> None:
-        self._client = client
-        self._handlers: dict[str, Handler] = {}
-        for topic, handler in handlers.items():
-            check_topic(topic)
-            if not callable(handler):
-                raise InvalidArgument(f"handler for topic {topic!r} is not callable: {handler!r}")
-            self._handlers[topic] = handler
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-            raise InvalidArgument(f"concurrency must be a positive integer, got {concurrency!r}")
-        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-            raise InvalidArgument(f"max_attempts must be a positive integer, got {max_attempts!r}")
-        self.concurrency = concurrency
-        self.max_attempts = max_attempts
-        self.timeout = _positive(timeout, "timeout")
-        self.visibility = (
-            self.timeout * 1.5 + 5.0 if visibility is None else _positive(visibility, "visibility")
-        )
-        self.margin = claim_margin(self.timeout)
-        if self.visibility < self.timeout + self.margin:
+        if settings is not None and options:
             raise InvalidArgument(
-                f"visibility ({self.visibility:g}s) must exceed the handler timeout "
-                f"({self.timeout:g}s) by at least {self.margin:g}s: a claim must outlast the "
-                "call it covers, or a second relay could deliver the message concurrently; "
-                f"raise visibility to {self.timeout + self.margin:g}s or more"
+                f"pass the relay's settings or its options ({', '.join(sorted(options))}), not both"
             )
-        self.backoff = _positive(backoff, "backoff")
-        self.backoff_max = max(self.backoff, _positive(backoff_max, "backoff_max"))
-        self.poll = _positive(poll, "poll")
-        self.retention = None if retention is None else Retention.of(retention, inbox_retention)
-        if topics is None:
+        self._client = client
+        self._handlers = checked(handlers)
+        self.settings = RelaySettings.of(options) if settings is None else settings
+        if self.settings.topics is None:
             self.topics = sorted(self._handlers)
         else:
-            self.topics = sorted({check_topic(t) for t in topics})
+            self.topics = list(self.settings.topics)
             missing = [t for t in self.topics if t not in self._handlers]
             if missing:
                 raise InvalidArgument(
@@ -229,12 +123,11 @@ class Relay:
         if conninfo is None:  # connect_async always passes a string
             raise ConfigurationError("the relay needs a client connected with a DSN string")
         self._conninfo = conninfo
+        self._delivery = Delivery(client, self.id, self.settings, self._handlers, self._channel)
+        self._presence = Presence(client, self.id, self.topics)
         self._wake = asyncio.Event()
         self._stopping = False
         self._inflight: set[asyncio.Task[None]] = set()
-        self.delivered = 0
-        self.failed = 0
-        self._unhandled_logged: dict[str, float] = {}
 
     def __repr__(self) -> str:
         return f"<Relay {self.id} schema={self._client.schema!r} topics={sorted(self._handlers)}>"
@@ -242,6 +135,16 @@ class Relay:
     @property
     def handlers(self) -> dict[str, Handler]:
         return dict(self._handlers)
+
+    @property
+    def delivered(self) -> int:
+        """Messages this relay delivered (and recorded)."""
+        return self._delivery.delivered
+
+    @property
+    def failed(self) -> int:
+        """Failed delivery attempts of this relay."""
+        return self._delivery.failed
 
     def stop(self) -> None:
         """Stop claiming; :meth:`run` returns once the calls in flight have finished."""
@@ -260,12 +163,15 @@ class Relay:
         pruner: asyncio.Task[None] | None = None
         try:
             await self._next_due()  # fails now, not after "ready", if the schema is missing
-            await self._beat()
-            beater = asyncio.create_task(self._beat_loop(), name=f"tenure-relay-beat-{self.id}")
-            if self.retention is not None:
+            await self._presence.beat()
+            beater = asyncio.create_task(
+                self._presence.beat_forever(), name=f"tenure-relay-beat-{self.id}"
+            )
+            pruning = self.settings.pruning
+            if pruning is not None:
                 pruner = asyncio.create_task(
                     prune_forever(
-                        self._client, self.retention, tables=RELAY_TABLES, who=f"relay {self.id}"
+                        self._client, pruning, tables=RELAY_TABLES, who=f"relay {self.id}"
                     ),
                     name=f"tenure-relay-prune-{self.id}",
                 )
@@ -277,7 +183,7 @@ class Relay:
                 self.id,
                 self._client.schema,
                 ", ".join(sorted(self._handlers)) or "(none)",
-                self.concurrency,
+                self.settings.concurrency,
             )
             if ready is not None:
                 ready()
@@ -299,7 +205,7 @@ class Relay:
                 beater.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await beater
-                await asyncio.shield(self._leave())
+                await asyncio.shield(self._presence.leave())
             await self.aclose()
             log.info(
                 "relay %s stopped: %d delivered, %d failed attempts",
@@ -312,89 +218,23 @@ class Relay:
         """Claim one batch (up to ``concurrency``), deliver it and wait for the outcomes;
         the number of messages claimed. For tests, scripts and cron-style draining."""
         sent = time.monotonic()
-        claimed = await self._claim(self.concurrency)
-        await asyncio.gather(*(self._deliver(m, sent) for m in claimed))
+        claimed = await self._claim(self.settings.concurrency)
+        await asyncio.gather(*(self._delivery.deliver(m, sent) for m in claimed))
         return len(claimed)
 
     async def aclose(self) -> None:
         """Close the handlers that hold resources (``aclose()``: the webhook's connections)."""
-        closed: set[int] = set()
-        for handler in self._handlers.values():
-            closer = getattr(handler, "aclose", None)
-            if closer is not None and id(handler) not in closed:
-                closed.add(id(handler))
-                with contextlib.suppress(Exception):
-                    await closer()
+        await aclose_all(self._handlers)
 
     # -- internals ---------------------------------------------------------------------------
-
-    async def _beat(self) -> None:
-        await self._client.fetch(
-            "outbox_relay_beat",
-            {
-                "relay": self.id,
-                "topics": self.topics,
-                "host": socket.gethostname(),
-                "pid": os.getpid(),
-                "ttl": dt.timedelta(seconds=BEAT_TTL),
-            },
-            doing="registering the relay's topics",
-            wrote=True,
-        )
-
-    async def _leave(self) -> None:
-        with contextlib.suppress(DatabaseError):
-            await self._client.fetch(
-                "outbox_relay_leave",
-                {"relay": self.id},
-                doing="unregistering the relay",
-                wrote=True,
-            )
-
-    async def _beat_loop(self) -> None:
-        """Renew the registration, and report topics that no relay handles."""
-        # Any error is logged and the loop goes on: a relay whose beat stopped would be
-        # reported as gone (its topics as unhandled) while it still delivers.
-        while True:
-            try:
-                await self._report_unhandled()
-            except Exception as exc:
-                log.warning("relay %s: cannot read unhandled topics (%s)", self.id, exc)
-            await asyncio.sleep(BEAT_TTL / 3)
-            try:
-                await self._beat()
-            except Exception as exc:
-                log.warning("relay %s: cannot renew its registration (%s)", self.id, exc)
-
-    async def _report_unhandled(self) -> None:
-        now = time.monotonic()
-        found = await unhandled_async(self._client)
-        for item in found:
-            last = self._unhandled_logged.get(item.topic)
-            if last is not None and now - last < UNHANDLED_LOG_EVERY:
-                continue
-            self._unhandled_logged[item.topic] = now
-            log.warning(
-                "no relay handles topic %r, oldest %.1f min: %d message(s) waiting; start a "
-                "relay with a handler for it (--webhook %s=URL or --handlers MODULE:ATTR)",
-                item.topic,
-                item.oldest_age / 60,
-                item.pending,
-                item.topic,
-                extra={"job": item.topic, "outcome": "unhandled"},
-            )
-        current = {item.topic for item in found}
-        for topic in list(self._unhandled_logged):
-            if topic not in current:
-                del self._unhandled_logged[topic]
 
     async def _loop(self) -> None:
         db_failures = 0
         while not self._stopping:
             self._wake.clear()
-            free = self.concurrency - len(self._inflight)
+            free = self.settings.concurrency - len(self._inflight)
             if free <= 0:
-                await _wait(self._wake, self.poll)
+                await _wait(self._wake, self.settings.poll)
                 continue
             try:
                 sent = time.monotonic()
@@ -407,16 +247,19 @@ class Relay:
                 raise  # not migrated: waiting will not help
             except DatabaseError as exc:
                 db_failures += 1
-                pause = min(self.poll, 0.5 * 2 ** min(db_failures, 6))
+                pause = min(self.settings.poll, 0.5 * 2 ** min(db_failures, 6))
                 log.warning("relay %s: cannot claim (%s); retrying in %.1fs", self.id, exc, pause)
                 await _wait(self._wake, pause)
                 continue
             if len(claimed) == free:
                 continue  # maybe more to claim; the next turn waits for a free slot
-            await _wait(self._wake, self.poll if due is None else min(self.poll, max(due, 0.01)))
+            await _wait(
+                self._wake,
+                self.settings.poll if due is None else min(self.settings.poll, max(due, 0.01)),
+            )
 
     def _start(self, msg: Message, sent: float) -> None:
-        task = asyncio.create_task(self._deliver(msg, sent), name=f"tenure-relay-{msg.id}")
+        task = asyncio.create_task(self._delivery.deliver(msg, sent), name=f"tenure-relay-{msg.id}")
         self._inflight.add(task)
 
         def done(t: asyncio.Task[None]) -> None:
@@ -431,7 +274,7 @@ class Relay:
             {
                 "relay": self.id,
                 "limit": limit,
-                "visibility": dt.timedelta(seconds=self.visibility),
+                "visibility": dt.timedelta(seconds=self.settings.claim_ttl),
                 "topics": self.topics,
             },
             doing="claiming outbox messages",
@@ -445,234 +288,6 @@ class Relay:
         )
         value = rows[0][0] if rows else None
         return None if value is None else float(value)
-
-    async def _deliver(self, msg: Message, sent: float) -> None:
-        # The claim lasts `visibility` from a database time later than `sent`; stop `margin`
-        # early to absorb clock-rate drift, aborting the call and recording the outcome.
-        deadline = sent + self.visibility - self.margin
-        started = time.monotonic()
-        handler = self._handlers.get(msg.topic)
-        if handler is None:  # not claimed by this relay (claims are limited to its topics)
-            await self._release(msg)
-            return
-        if msg.attempts > self.max_attempts:
-            # Earlier claims never reported back (relay killed or stalled during delivery).
-            await self._failed(
-                msg,
-                f"gave up after {msg.attempts - 1} attempts; the last one's claim ran out "
-                f"without an outcome (relay killed or stalled). Before: {msg.last_error}",
-                started,
-                dead=True,
-            )
-            return
-        budget = min(self.timeout, deadline - time.monotonic())
-        if budget <= 0.01:
-            await self._release(msg)
-            return
-        error: str | None = None
-        thread: asyncio.Future[Any] | None = None
-        try:
-            async with asyncio.timeout(budget) as scope:
-                if _is_async(handler):
-                    result = await handler(msg)
-                else:
-                    # Shielded: the timeout must not forget a thread that goes on running.
-                    thread = asyncio.ensure_future(asyncio.to_thread(handler, msg))
-                    result = await asyncio.shield(thread)
-                    if inspect.isawaitable(result):
-                        await result
-        except TimeoutError as exc:
-            if scope.expired() and thread is not None and not thread.done():
-                error = await self._outwait(msg, thread, budget)
-            elif scope.expired():
-                error = f"timed out after {budget:.3g}s"
-            else:  # the handler's own timeout, not ours
-                error = f"TimeoutError: {exc}" if str(exc) else "TimeoutError"
-        except asyncio.CancelledError:
-            # Relay stopping hard: give the claim back so another relay need not wait.
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self._release(msg))
-            raise
-        except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        if error is None:
-            await self._delivered(msg, started)
-        else:
-            await self._failed(msg, error, started)
-
-    async def _outwait(
-        self, msg: Message, thread: asyncio.Future[Any], budget: float
-    ) -> str | None:
-        """A synchronous handler ran past its timeout, and its thread cannot be stopped: keep
-        the claim (renewed every third of ``visibility``) until it returns, so that no other
-        attempt starts meanwhile; then its own outcome counts. None if it succeeded."""
-        log.warning(
-            "message %s (%s %r): the synchronous handler is still running after the %.3gs "
-            "timeout; a thread cannot be interrupted, so the relay keeps the claim until it "
-            "returns (give the handler its own timeout)",
-            msg.id,
-            msg.topic,
-            msg.key,
-            budget,
-            extra={"job": msg.job_key, "token": msg.token},
-        )
-        started = time.monotonic()
-        while not thread.done():
-            sent = time.monotonic()
-            try:
-                rows = await self._client.fetch(
-                    "outbox_extend",
-                    {
-                        "id": msg.id,
-                        "relay": self.id,
-                        "attempt": msg.attempts,
-                        "visibility": dt.timedelta(seconds=self.visibility),
-                    },
-                    doing=f"keeping the claim on outbox message {msg.id}",
-                    wrote=True,
-                )
-                if not rows:
-                    log.error(
-                        "relay %s: lost the claim on message %s while its synchronous handler "
-                        "overran; another attempt may run concurrently",
-                        self.id,
-                        msg.id,
-                        extra={"job": msg.job_key, "token": msg.token},
-                    )
-            except DatabaseError as exc:
-                log.warning("relay %s: cannot keep the claim on %s (%s)", self.id, msg.id, exc)
-            left = sent + self.visibility / 3 - time.monotonic()
-            await asyncio.wait({thread}, timeout=max(left, 0.01))
-        overran = f"ran {budget + time.monotonic() - started:.3g}s, past its {budget:.3g}s timeout"
-        failure = thread.exception()
-        if failure is None:
-            return None
-        return f"{type(failure).__name__}: {failure} (the synchronous handler {overran})"
-
-    async def _record(self, name: str, params: dict[str, Any], msg: Message) -> list[Any] | None:
-        # A few tries: a failure to record means a duplicate delivery after the claim runs
-        # out (harmless with the inbox, but avoidable).
-        for pause in (0.2, 1.0, None):
-            try:
-                rows = await self._client.fetch(
-                    name, params, doing=f"recording outbox message {msg.id}", wrote=True
-                )
-                return rows
-            except DatabaseError as exc:
-                if pause is None:
-                    log.error(
-                        "relay %s: could not record the outcome of message %s (%s); it will "
-                        "be delivered again once its claim runs out",
-                        self.id,
-                        msg.id,
-                        exc,
-                        extra={"job": msg.job_key, "token": msg.token},
-                    )
-                    return None
-                await asyncio.sleep(pause)
-        return None  # pragma: no cover
-
-    async def _delivered(self, msg: Message, started: float) -> None:
-        rows = await self._record(
-            "outbox_delivered",
-            {"id": msg.id, "relay": self.id, "attempt": msg.attempts, "channel": self._channel},
-            msg,
-        )
-        elapsed = time.monotonic() - started
-        if rows is not None and rows[0][0] == 0:
-            metrics.emit(DELIVERY, msg.topic, "lost_claim", elapsed)
-            log.warning(
-                "relay %s delivered message %s (%s %r) but its claim had been taken over; "
-                "it will be delivered again",
-                self.id,
-                msg.id,
-                msg.topic,
-                msg.key,
-                extra={"job": msg.job_key, "token": msg.token},
-            )
-            return
-        self.delivered += 1
-        metrics.emit(DELIVERY, msg.topic, "delivered", elapsed)
-        log.info(
-            "delivered message %s (%s %r) on attempt %d in %.3fs",
-            msg.id,
-            msg.topic,
-            msg.key,
-            msg.attempts,
-            elapsed,
-            extra={"job": msg.job_key, "token": msg.token},
-        )
-
-    async def _failed(
-        self, msg: Message, error: str, started: float, *, dead: bool = False
-    ) -> None:
-        self.failed += 1
-        dead = dead or msg.attempts >= self.max_attempts
-        delay = 0.0
-        if not dead:
-            delay = min(self.backoff_max, self.backoff * 2 ** (msg.attempts - 1))
-            delay *= random.uniform(0.5, 1.0)  # jitter: relays and keys do not retry in step
-        error = error[:MAX_ERROR]
-        rows = await self._record(
-            "outbox_failed",
-            {
-                "id": msg.id,
-                "relay": self.id,
-                "attempt": msg.attempts,
-                "dead": dead,
-                "error": error,
-                "delay": dt.timedelta(seconds=delay),
-            },
-            msg,
-        )
-        elapsed = time.monotonic() - started
-        extra = {"job": msg.job_key, "token": msg.token}
-        if rows is not None and not rows:
-            metrics.emit(DELIVERY, msg.topic, "lost_claim", elapsed)
-            log.warning(
-                "relay %s: message %s failed (%s) after its claim was taken over",
-                self.id,
-                msg.id,
-                error,
-                extra=extra,
-            )
-        elif dead:
-            metrics.emit(DELIVERY, msg.topic, "dead", elapsed)
-            log.error(
-                "message %s (%s %r) parked as dead after %d attempt(s): %s%s",
-                msg.id,
-                msg.topic,
-                msg.key,
-                msg.attempts,
-                error,
-                ""
-                if "tenure outbox retry" in error
-                else f"; re-drive it with "
-                f"`tenure outbox retry --id {msg.id}` once the cause is fixed",
-                extra=extra,
-            )
-        else:
-            metrics.emit(DELIVERY, msg.topic, "retry", elapsed)
-            log.warning(
-                "message %s (%s %r) attempt %d/%d failed: %s; retrying in %.3gs",
-                msg.id,
-                msg.topic,
-                msg.key,
-                msg.attempts,
-                self.max_attempts,
-                error,
-                delay,
-                extra=extra,
-            )
-
-    async def _release(self, msg: Message) -> None:
-        with contextlib.suppress(DatabaseError):
-            await self._client.fetch(
-                "outbox_release",
-                {"id": msg.id, "relay": self.id, "attempt": msg.attempts},
-                doing=f"releasing the claim on outbox message {msg.id}",
-                wrote=True,
-            )
 
     async def _listen(self, listening: asyncio.Event) -> None:
         """LISTEN through the reconnecting loop of :mod:`tenure.db.notifier`; every
@@ -688,7 +303,7 @@ class Relay:
                 "relay %s: LISTEN connection failed (%s); polling every %.1fs until it is back",
                 self.id,
                 exc,
-                self.poll,
+                self.settings.poll,
             )
 
         await listen_forever(
@@ -698,7 +313,7 @@ class Relay:
             application_name="tenure-relay",
             on_listening=listened,
             on_lost=lost,
-            retry=Retry(most=self.poll),
+            retry=Retry(most=self.settings.poll),
         )
 
 
@@ -706,13 +321,6 @@ async def _wait(event: asyncio.Event, timeout: float) -> None:
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(timeout):
             await event.wait()
-
-
-def _positive(value: Duration, what: str) -> float:
-    seconds = parse_duration(value, what=what)
-    if seconds <= 0:
-        raise InvalidArgument(f"{what} must be positive, got {value!r}")
-    return seconds
 
 
 # -- running a relay from a plain (sync) program ---------------------------------------------
@@ -724,16 +332,24 @@ def serve(
     dsn: str | None = None,
     schema: str = "tenure",
     ready: Callable[[Relay], None] | None = None,
+    settings: RelaySettings | None = None,
     **options: Any,
 ) -> Relay:
     """Run a relay until SIGTERM or SIGINT (in the main thread) and return it when it has
-    stopped gracefully. ``options`` are :class:`Relay`'s keyword arguments."""
+    stopped gracefully. ``settings`` (or its fields as ``options``) as for :class:`Relay`."""
+    if settings is None:
+        settings = RelaySettings.of(options)
+    elif options:
+        raise InvalidArgument(
+            f"pass the relay's settings or its options ({', '.join(sorted(options))}), not both"
+        )
+    chosen = settings
 
     async def main() -> Relay:
-        concurrency = int(options.get("concurrency", 4))
-        client = await connect_async(dsn, schema=schema, pool_size=min(concurrency + 1, 16))
+        pool_size = min(chosen.concurrency + 1, 16)
+        client = await connect_async(dsn, schema=schema, pool_size=pool_size)
         async with client:
-            relay = Relay(client, handlers, **options)
+            relay = Relay(client, handlers, chosen)
             loop = asyncio.get_running_loop()
             if threading.current_thread() is threading.main_thread():
                 for sig in (signal.SIGTERM, signal.SIGINT):

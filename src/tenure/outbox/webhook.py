@@ -11,6 +11,7 @@ a client certificate; proxies from the environment (``HTTP_PROXY``, ``HTTPS_PROX
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import os
 import socket
@@ -18,10 +19,11 @@ import ssl
 from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
+from urllib.request import getproxies
 
 import httpx
-from httpx._utils import get_environment_proxies
 
+from .. import tracing
 from ..errors import ConfigurationError, InvalidArgument, TenureError
 from ..validation import Duration, parse_duration
 from .message import Message, encode_part
@@ -45,6 +47,41 @@ def _file(path: str | os.PathLike[str] | None, what: str) -> str | None:
     if not Path(text).is_file():
         raise ConfigurationError(f"{what} {text!r} is not a readable file")
     return text
+
+
+def environment_proxies() -> dict[str, str | None]:
+    """httpx mount patterns for the environment's proxies (None: that host goes direct).
+
+    The reading httpx does for its default transport (``HTTP_PROXY``, ``HTTPS_PROXY``,
+    ``ALL_PROXY``; ``NO_PROXY`` as curl reads it), written here because httpx keeps it in a
+    private module that any release may change.
+    """
+    found = getproxies()
+    mounts: dict[str, str | None] = {}
+    for scheme in ("http", "https", "all"):
+        if found.get(scheme):
+            url = found[scheme]
+            mounts[f"{scheme}://"] = url if "://" in url else f"http://{url}"
+    for host in (h.strip() for h in found.get("no", "").split(",")):
+        if host == "*":
+            return {}
+        if not host:
+            continue
+        if "://" in host:
+            mounts[host] = None
+            continue
+        try:
+            address = ipaddress.ip_address(host.split("/")[0])
+        except ValueError:
+            address = None
+        if address is not None and address.version == 6:
+            mounts[f"all://[{host}]"] = None
+        elif address is not None or host.lower() == "localhost":
+            mounts[f"all://{host}"] = None
+        else:
+            # ".example.com" and "example.com" both cover subdomains; the latter also itself.
+            mounts[f"all://*{host}"] = None
+    return mounts
 
 
 class HttpSession:
@@ -127,7 +164,7 @@ class HttpSession:
             return {}
         return {
             pattern: None if proxy is None else self._transport(proxy)
-            for pattern, proxy in get_environment_proxies().items()
+            for pattern, proxy in environment_proxies().items()
         }
 
     async def aclose(self) -> None:
@@ -223,6 +260,9 @@ class Webhook:
             "X-Tenure-Attempt": str(message.attempts),
             **self._extra,
         }
+        # W3C trace context: the relay's delivery span (a child of the enqueuing span), or the
+        # stored context as is where the relay records no spans.
+        tracing.inject(headers, fallback=message.traceparent)
         try:
             if self.timeout is None:
                 status, reason, snippet = await self._post(headers, body)

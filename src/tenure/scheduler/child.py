@@ -22,61 +22,34 @@ import sys
 import threading
 from typing import Any
 
-import psycopg
-
-from ..errors import LeaseLost, StaleTokenError
 from ..leases._sync.client import Client, connect
-from ..leases._sync.fencing import fence
-from ..leases.models import Result
+from ..leases.context import RunContext, SyncStore
 
 #: The longest error message reported back (the run history keeps it).
 MAX_ERROR = 4000
+#: Why ``ctx.check()`` raises after SIGTERM.
+STOPPED = "the worker stopped this run"
 
 
-class ProcessResults:
-    """``ctx.results`` in an isolated run: the same strict fence as in the worker."""
-
-    def __init__(self, ctx: ProcessJobContext) -> None:
-        self._ctx = ctx
-
-    def put(self, payload: Any) -> Result:
-        ctx = self._ctx
-        client = ctx._connect()
-        try:
-            with client.fenced(ctx.job_key, ctx.token) as conn:
-                return client.results.put(ctx.job_key, payload, token=ctx.token, conn=conn)
-        except StaleTokenError:
-            ctx._stale = True
-            raise
-
-    async def put_async(self, payload: Any) -> Result:
-        return await asyncio.to_thread(self.put, payload)
-
-    def get(self) -> Result | None:
-        return self._ctx._connect().results.get(self._ctx.job_key)
-
-    async def get_async(self) -> Result | None:
-        return await asyncio.to_thread(self.get)
-
-
-class ProcessJobContext:
+class ProcessJobContext(RunContext):
     """What an isolated job receives: the attributes and methods of
-    :class:`~tenure.JobContext` except ``lease`` (the worker holds it)."""
+    :class:`~tenure.JobContext` except ``lease`` (the worker holds it); the same run context
+    (:mod:`tenure.leases.context`), its results through a client of the child's own."""
 
     def __init__(self, request: dict[str, Any]) -> None:
-        self.job_key: str = request["job_key"]
-        self.token: int = request["token"]
+        super().__init__(
+            job_key=request["job_key"],
+            token=request["token"],
+            schema=request["schema"],
+            store=SyncStore(self._connect),
+        )
         self.slot = dt.datetime.fromisoformat(request["slot"])
         self.kind: str = request["kind"]
         self.attempt: int = request["attempt"]
         self.worker_id: str = request["worker_id"]
-        self.results = ProcessResults(self)
         self._dsn: str | None = request["dsn"]
-        self._schema: str = request["schema"]
         self._client: Client | None = None
         self._lock = threading.Lock()
-        self._cancel = threading.Event()
-        self._stale = False
 
     def __repr__(self) -> str:
         return (
@@ -95,34 +68,6 @@ class ProcessJobContext:
                 )
             return self._client
 
-    @property
-    def cancelled(self) -> bool:
-        return self._cancel.is_set()
-
-    def check(self) -> None:
-        if self.cancelled:
-            raise LeaseLost(self.job_key, self.token, "the worker stopped this run")
-
-    def wait(self, seconds: float) -> bool:
-        self._cancel.wait(max(0.0, seconds))
-        return self.cancelled
-
-    def fence(self, conn: psycopg.Connection[Any]) -> None:
-        try:
-            fence(conn, self.job_key, self.token, schema=self._schema)
-        except StaleTokenError:
-            self._stale = True
-            raise
-
-    async def fence_async(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        from ..leases._async.fencing import fence_async
-
-        try:
-            await fence_async(conn, self.job_key, self.token, schema=self._schema)
-        except StaleTokenError:
-            self._stale = True
-            raise
-
 
 def _function(request: dict[str, Any]) -> Any:
     sys.path[:0] = [p for p in request["path"] if p not in sys.path]
@@ -134,7 +79,7 @@ def _function(request: dict[str, Any]) -> Any:
 
 def _run(fn: Any, ctx: ProcessJobContext, is_async: bool) -> None:
     if not is_async:
-        signal.signal(signal.SIGTERM, lambda *_: ctx._cancel.set())
+        signal.signal(signal.SIGTERM, lambda *_: ctx._stop(STOPPED))
         fn(ctx)
         return
 
@@ -143,7 +88,7 @@ def _run(fn: Any, ctx: ProcessJobContext, is_async: bool) -> None:
         assert task is not None
 
         def stop() -> None:
-            ctx._cancel.set()
+            ctx._stop(STOPPED)
             task.cancel()
 
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop)

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .rows import ClaimRow
 from .schedules import JobState, Plan, Policy
 
 if TYPE_CHECKING:
@@ -40,62 +41,38 @@ class Claim:
     freed_at: dt.datetime | None = None
 
     @classmethod
-    def from_row(cls, row: Sequence[Any]) -> Claim:
-        (
-            key,
-            owner,
-            token,
-            until,
-            cron,
-            every,
-            tz,
-            ttl,
-            misfire,
-            grace,
-            on_crash,
-            revision,
-            next_slot,
-            done_slot,
-            running_slot,
-            running_kind,
-            running_token,
-            running_attempt,
-            trigger_at,
-            now,
-            _ready,
-            prior_gone,
-            crash_streak,
-            quarantine_after,
-            freed_at,
-        ) = row
+    def from_rows(cls, lease: ClaimRow, job: ClaimRow) -> Claim:
+        """The claim of a lease taken and its job's row read (two rows of ``sched_claim``)."""
+        key, token = lease.job_key, lease.fencing_token
+        assert key is not None and token is not None  # a taken lease's row
         state = JobState(
-            next_slot,
-            done_slot,
-            running_slot,
-            running_kind,
-            running_token,
-            running_attempt,
-            trigger_at,
-            bool(prior_gone),
-            crash_streak,
+            job.next_slot,
+            job.done_slot,
+            job.running_slot,
+            job.running_kind,
+            job.running_token,
+            job.running_attempt,
+            job.trigger_at,
+            bool(job.prior_gone),
+            job.crash_streak,
         )
         return cls(
             key,
-            owner,
+            lease.lease_owner,
             token,
-            until,
-            cron,
-            every,
-            tz,
-            ttl,
-            misfire,
-            grace,
-            on_crash,
-            revision,
+            lease.lease_until,
+            job.cron,
+            job.every,
+            job.timezone,
+            job.ttl,
+            job.misfire,
+            job.misfire_grace,
+            job.on_crash,
+            job.revision,
             state,
-            now,
-            quarantine_after,
-            freed_at,
+            job.now,
+            job.quarantine_after,
+            job.freed_at,
         )
 
     def due_here(self, slot: dt.datetime) -> dt.datetime:
@@ -150,29 +127,25 @@ class Claim:
         return mine != theirs
 
 
-def claims_from_rows(
-    rows: Sequence[Sequence[Any]],
-) -> tuple[list[Claim], Sequence[Any]]:
+def claims_from_rows(rows: Sequence[ClaimRow]) -> tuple[list[Claim], ClaimRow]:
     """The claims in ``sched_claim``'s rows, in the order the jobs came due, and the summary
     row (job_key NULL: the database's now and when to look again). The statement returns each
     taken lease (token set) and each job row read (token NULL) as rows of their own; a job
     read but whose lease was not taken (its lease turned out live) is no claim."""
-    taken: dict[str, Sequence[Any]] = {}
-    read: list[Sequence[Any]] = []
-    summary: Sequence[Any] | None = None
+    taken: dict[str | None, ClaimRow] = {}
+    read: list[ClaimRow] = []
+    summary: ClaimRow | None = None
     for row in rows:
-        if row[0] is None:
+        if row.job_key is None:
             summary = row
-        elif row[2] is not None:
-            taken[row[0]] = row
+        elif row.fencing_token is not None:
+            taken[row.job_key] = row
         else:
             read.append(row)
     if summary is None:
         raise ValueError("sched_claim returned no summary row")
     claims = [
-        Claim.from_row((*lease[:4], *row[4:]))
-        for row in read
-        if (lease := taken.get(row[0])) is not None
+        Claim.from_rows(lease, row) for row in read if (lease := taken.get(row.job_key)) is not None
     ]
     return claims, summary
 

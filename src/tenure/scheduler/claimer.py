@@ -21,6 +21,7 @@ from .attached import OnClient
 from .bodies import BodyLimit
 from .claim import Claim, claims_from_rows
 from .finisher import Finisher
+from .rows import ClaimRow
 from .saturation import Saturation
 from .schedules import Plan, Schedule, plan, schedule_from_row
 from .settings import WorkerSettings
@@ -91,6 +92,7 @@ class Claimer(OnClient):
                         },
                         doing="claiming due jobs",
                         wrote=True,
+                        row=ClaimRow,
                     )
                 except TenureError as exc:
                     failures += 1
@@ -101,7 +103,7 @@ class Claimer(OnClient):
                 failures = 0
                 received = monotonic()
                 claims, summary = claims_from_rows(rows)
-                now, ready_at = summary[19], summary[20]
+                now, ready_at = summary.now, summary.ready_at
                 self.saturation.started(now)
                 if claims:
                     # Started in the background by the starter, each at its slot: the next

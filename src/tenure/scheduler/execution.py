@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import os
 import queue
@@ -23,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .. import tracing
 from ..errors import LeaseLost, StaleTokenError
 from ..leases._async.lease import AsyncLease
 from .bodies import BodyLimit
@@ -88,7 +90,21 @@ def describe_error(exc: BaseException) -> str:
 async def execute(run: Run, limit: BodyLimit) -> tuple[str, str | None, float]:
     """Run the job body under its lease (renewed every ttl/3), once ``limit`` has a body slot
     for it; returns its outcome, the error (None on success) and how long the body took.
-    Never raises for what the body did."""
+    Never raises for what the body did. With OpenTelemetry, inside a ``tenure.run`` span
+    that the body's own spans nest under."""
+    if not tracing.enabled():
+        return await _execute(run, limit)
+    ident = run.ident
+    lateness = (ident.started_at - ident.slot).total_seconds()
+    with tracing.run_span(
+        ident.job_key, ident.token, ident.slot, ident.kind, ident.attempt, lateness
+    ) as span:
+        outcome, error, took = await _execute(run, limit)
+        span.outcome(outcome, error)
+    return outcome, error, took
+
+
+async def _execute(run: Run, limit: BodyLimit) -> tuple[str, str | None, float]:
     loop = asyncio.get_running_loop()
     key, token = run.ident.job_key, run.ident.token
     began = loop.time()
@@ -100,6 +116,13 @@ async def execute(run: Run, limit: BodyLimit) -> tuple[str, str | None, float]:
     if log.isEnabledFor(logging.DEBUG):  # formatting the slot costs a run more than its no-op
         extra = run_fields(key, token, run.ident.slot)
         log.debug("job %r slot %s starts with token %s", key, extra["slot"], token, extra=extra)
+    if lease.lost:
+        # The claim (or its start) was answered after the lease's local deadline, which
+        # counts from when the claim was sent: a request that stalled, e.g. on a primary
+        # being failed over. The body must not start on a lost lease: its fenced writes
+        # could still commit while the slot is retried as lost (two runs of one slot).
+        await lease.stop_keeping()
+        return "lease_lost", f"answered after the lease's local deadline: {lease.lost_reason}", 0.0
     try:
         kept = False
         if not limit.take():
@@ -218,7 +241,9 @@ def _keep(lease: AsyncLease, body: asyncio.Future[Any], cancel_body: bool) -> No
 def _log_failure(run: Run, error: str, exc: BaseException) -> None:
     ident = run.ident
     extra = run_fields(ident.job_key, ident.token, ident.slot)
-    log.warning(
+    # ERROR, with the traceback: the level at which error trackers (Sentry's logging
+    # integration, for one) make an event of a line. A failed body is the team's to look at.
+    log.error(
         "job %r slot %s failed: %s",
         ident.job_key,
         ident.slot.isoformat(),
@@ -332,11 +357,15 @@ def in_thread(
         else:
             future.set_exception(value)
 
+    # The caller's context (its current span, with OpenTelemetry) for the body: a reused
+    # thread would otherwise run it in whatever context the thread started with.
+    context = contextvars.copy_context() if tracing.enabled() else None
+
     def target() -> None:
         thread = threading.current_thread()
         thread.name = name
         try:
-            value = fn(ctx)
+            value = fn(ctx) if context is None else context.run(fn, ctx)
         except BaseException as exc:
             outcome: tuple[bool, Any] = (False, exc)
         else:

@@ -17,6 +17,7 @@ from .attached import OnClient
 from .claim import Finished, finish_params, run_fields, running_params
 from .execution import Run
 from .identity import WorkerIdentity
+from .rows import FinishedRow
 
 log = logging.getLogger("tenure.scheduler")
 
@@ -129,6 +130,7 @@ class Finisher(OnClient):
                     ),
                     doing=f"finishing {len(ordered)} runs",
                     wrote=True,
+                    row=FinishedRow,
                 )
                 break
             except DatabaseUnavailable as exc:
@@ -155,9 +157,10 @@ class Finisher(OnClient):
                 return {}
         recorded: dict[tuple[str, int], str] = {}
         by_key = {(f.ident.job_key, f.ident.token): f for f in ordered}
-        for key, token, matched, recorded_outcome, current, _notified in rows:
+        for row in rows:
+            key, token, matched, current = row.job_key, row.token, row.matched, row.current
             f = by_key[(key, token)]
-            outcome = recorded_outcome or f.outcome
+            outcome = row.outcome or f.outcome
             recorded[(key, token)] = outcome
             if not matched and f.outcome in ("succeeded", "failed"):
                 log.warning(

@@ -12,8 +12,17 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..db.executor import R
 from ..errors import TenureError, UnknownJob
 from ..validation import check_int, check_job_key
+from .rows import (
+    HistoryRow,
+    JobGetRow,
+    JobListRow,
+    PausedRow,
+    ResumedRow,
+    TriggeredRow,
+)
 from .schedules import schedule_from_row
 
 if TYPE_CHECKING:
@@ -146,73 +155,41 @@ def _iso(value: dt.datetime | None) -> str | None:
 
 
 def list_jobs(client: Client) -> list[JobStatus]:
-    rows = client.fetch("sched_list", {}, doing="listing scheduled jobs")
-    out = []
-    for row in rows:
-        (
-            key,
-            cron,
-            every,
-            tz,
-            ttl,
-            misfire,
-            grace,
-            on_crash,
-            revision,
-            defined_at,
-            defined_by,
-            paused,
-            next_slot,
-            running_slot,
-            running_token,
-            trigger_at,
-            token,
-            lease_until,
-            held,
-            last_outcome,
-            last_slot,
-            last_finished,
-            now,
-            quarantine_after,
-            crash_streak,
-            quarantined_at,
-            quarantine_reason,
-            app,
-        ) = row
-        out.append(
-            JobStatus(
-                key,
-                schedule_from_row(key, cron, every, tz).describe(),
-                ttl,
-                misfire,
-                grace,
-                on_crash,
-                revision,
-                defined_at,
-                defined_by,
-                paused,
-                next_slot,
-                running_slot,
-                running_token,
-                trigger_at is not None,
-                token,
-                lease_until,
-                held,
-                last_outcome,
-                last_slot,
-                last_finished,
-                now,
-                quarantine_after,
-                crash_streak,
-                quarantined_at,
-                quarantine_reason,
-                app,
-            )
+    rows = client.fetch("sched_list", {}, doing="listing scheduled jobs", row=JobListRow)
+    return [
+        JobStatus(
+            r.job_key,
+            schedule_from_row(r.job_key, r.cron, r.every, r.timezone).describe(),
+            r.ttl,
+            r.misfire,
+            r.misfire_grace,
+            r.on_crash,
+            r.revision,
+            r.defined_at,
+            r.defined_by,
+            r.paused,
+            r.next_slot,
+            r.running_slot,
+            r.running_token,
+            r.trigger_at is not None,
+            r.fencing_token,
+            r.lease_until,
+            r.held,
+            r.outcome,
+            r.slot,
+            r.finished_at,
+            r.now,
+            r.quarantine_after,
+            r.crash_streak,
+            r.quarantined_at,
+            r.quarantine_reason,
+            r.app,
         )
-    return out
+        for r in rows
+    ]
 
 
-def _require(rows: list[tuple[Any, ...]], job_key: str) -> tuple[Any, ...]:
+def _require(rows: list[R], job_key: str) -> R:
     if not rows:
         raise UnknownJob(
             f"no scheduled job {job_key!r}; `tenure jobs list` shows the registered jobs "
@@ -230,10 +207,11 @@ def pause(client: Client, job_key: str, *, channel: str) -> bool:
             {"job_key": job_key, "channel": channel},
             doing=f"pausing {job_key!r}",
             wrote=True,
+            row=PausedRow,
         ),
         job_key,
     )
-    return bool(row[1])
+    return bool(row.changed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,21 +228,26 @@ def resume(client: Client, job_key: str, *, channel: str) -> Resumed | None:
     """
     check_job_key(job_key)
     for _ in range(5):
-        key, cron, every, tz, revision, paused, _next, _trigger, now, quarantine = _require(
-            client.fetch("sched_get", {"job_key": job_key}, doing=f"reading {job_key!r}"),
+        job = _require(
+            client.fetch(
+                "sched_get", {"job_key": job_key}, doing=f"reading {job_key!r}", row=JobGetRow
+            ),
             job_key,
         )
-        if not paused:
+        if not job.paused:
             return None
-        first = schedule_from_row(key, cron, every, tz).next_after(now)
-        rows = client.fetch(
+        first = schedule_from_row(job.job_key, job.cron, job.every, job.timezone).next_after(
+            job.now
+        )
+        resumed = client.fetch_one(
             "sched_resume",
-            {"job_key": job_key, "next_slot": first, "revision": revision, "channel": channel},
+            {"job_key": job_key, "next_slot": first, "revision": job.revision, "channel": channel},
             doing=f"resuming {job_key!r}",
             wrote=True,
+            row=ResumedRow,
         )
-        if rows:
-            return Resumed(rows[0][0], quarantine)
+        if resumed is not None:
+            return Resumed(resumed.next_slot, job.quarantine_reason)
         # The definition changed between the two statements: compute again.
     raise TenureError(f"job {job_key!r} keeps changing under this command; try again")
 
@@ -279,16 +262,21 @@ class Triggered:
 def trigger(client: Client, job_key: str, *, channel: str) -> Triggered:
     """Ask for one run of ``job_key`` now (by any worker that has it)."""
     check_job_key(job_key)
-    pending, triggered, paused, _ = _require(
+    row = _require(
         client.fetch(
             "sched_trigger",
             {"job_key": job_key, "channel": channel},
             doing=f"triggering {job_key!r}",
             wrote=True,
+            row=TriggeredRow,
         ),
         job_key,
     )
-    return Triggered(triggered or pending, triggered is None, bool(paused))
+    return Triggered(
+        row.triggered or row.pending,  # type: ignore[arg-type]  # one of them is set
+        row.triggered is None,
+        bool(row.paused),
+    )
 
 
 def history(client: Client, job_key: str, *, limit: int = 20) -> list[RunRecord]:
@@ -299,5 +287,6 @@ def history(client: Client, job_key: str, *, limit: int = 20) -> list[RunRecord]
         "sched_history",
         {"job_key": job_key, "limit": limit},
         doing=f"reading the history of {job_key!r}",
+        row=HistoryRow,
     )
-    return [RunRecord(*row) for row in rows]
+    return [RunRecord(*row) for row in rows]  # the same fields, in the same order

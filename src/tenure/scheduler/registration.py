@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from ..db.channels import channel
 from ..errors import JobOwnedByAnotherApp
+from .rows import RegisteredRow
 from .schedules import schedule_from_row
 
 if TYPE_CHECKING:
@@ -77,18 +78,19 @@ async def register(
         seconds=max(MIN_SECONDS, len(ordered) * SECONDS_PER_JOB),
         serialize="register",
         wrote=True,
+        row=RegisteredRow,
     )
-    conflicts = {row[0]: row[12] for row in rows if row[14]}
+    conflicts = {row.job_key: row.app for row in rows if row.conflict and row.app is not None}
     if conflicts:
         raise _refusal(conflicts, app, client.schema)
     by_key = {s.key: s for s in ordered}
-    new = [row[0] for row in rows if row[10] is None]
+    new = [row.job_key for row in rows if row.defined_by is None]
     if len(new) > NEW_JOBS_LOGGED:
         # Thousands of "registered" lines would drown the startup line.
         log.info("%d new jobs registered (%s, ...)", len(new), ", ".join(map(repr, new[:3])))
     for row in rows:
-        key, revision, next_slot, old_cron, old_every, old_tz = row[:6]
-        old_defined_by, old_app, redefined = row[10], row[12], row[13]
+        key, revision, next_slot = row.job_key, row.revision, row.next_slot
+        old_defined_by, old_app, redefined = row.defined_by, row.app, row.redefined
         spec = by_key[key]
         if old_app is not None and old_app != app:
             log.warning(
@@ -114,7 +116,7 @@ async def register(
                 extra={"job": key},
             )
         else:
-            before = schedule_from_row(key, old_cron, old_every, old_tz).describe()
+            before = schedule_from_row(key, row.cron, row.every, row.timezone).describe()
             log.warning(
                 "job %r definition changed by this deploy (revision %d, was defined by %s): "
                 "%s -> %s, ttl %gs, misfire %s, on_crash %s; next slot %s",

@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from ..db.rows import row_of
 from ..db.timeouts import CONNECTION_KWARGS
 from ..errors import DatabaseUnavailable
 from ..scheduler.schedules import schedule_from_row
@@ -110,6 +111,7 @@ class Overview:
         return out
 
 
+@row_of("ui_overview_incidents")  # built by position: Incident(*row)
 @dataclass(frozen=True, slots=True)
 class Incident:
     job_key: str
@@ -120,6 +122,7 @@ class Incident:
     error: str | None
 
 
+@row_of("ui_outbox_topics")  # built by position: Topic(*row)
 @dataclass(frozen=True, slots=True)
 class Topic:
     topic: str
@@ -128,6 +131,7 @@ class Topic:
     oldest_pending_age: float | None
 
 
+@row_of("ui_outbox_dead")  # built by position: DeadMessage(*row)
 @dataclass(frozen=True, slots=True)
 class DeadMessage:
     id: int
@@ -190,6 +194,7 @@ class JobPage:
     search: str | None
 
 
+@row_of("ui_timeline", "ui_history")  # built by position: Run(*row)
 @dataclass(frozen=True, slots=True)
 class Run:
     run_id: int

@@ -2,15 +2,16 @@
 -- src/tenure/relay.py for the delivery protocol). {schema} is substituted as an identifier.
 -- A message's columns, in the order tenure.outbox.Message takes them:
 --   id, topic, key, payload, order_key, job_key, token, state, attempts, created_at,
---   available_at, last_error, last_attempt_at, delivered_at, claimed_until
+--   available_at, last_error, last_attempt_at, delivered_at, claimed_until, traceparent
 
 -- name: outbox_enqueue
 -- Runs in the caller's transaction: the row and the notification exist only if it commits
 -- (PostgreSQL delivers NOTIFY at commit, and drops it on rollback). The notification is
 -- sent only for a new message.
 WITH ins AS (
-    INSERT INTO {schema}.outbox (topic, key, payload, order_key, job_key, token)
-    VALUES (%(topic)s, %(key)s, %(payload)s, %(order_key)s, %(job_key)s, %(token)s)
+    INSERT INTO {schema}.outbox (topic, key, payload, order_key, job_key, token, traceparent)
+    VALUES (%(topic)s, %(key)s, %(payload)s, %(order_key)s, %(job_key)s, %(token)s,
+            %(traceparent)s)
     ON CONFLICT (topic, key) DO NOTHING
     RETURNING id, topic
 ), notified AS (
@@ -50,7 +51,7 @@ FROM picked
 WHERE o.id = picked.id
 RETURNING o.id, o.topic, o.key, o.payload, o.order_key, o.job_key, o.token, o.state,
           o.attempts, o.created_at, o.available_at, o.last_error, o.last_attempt_at,
-          o.delivered_at, o.claimed_until;
+          o.delivered_at, o.claimed_until, o.traceparent;
 
 -- name: outbox_delivered
 -- Recorded only after the handler succeeded, and only by the claim that delivered (relay and
@@ -133,7 +134,7 @@ ORDER BY o.topic;
 
 -- name: outbox_list
 SELECT id, topic, key, payload, order_key, job_key, token, state, attempts, created_at,
-       available_at, last_error, last_attempt_at, delivered_at, claimed_until
+       available_at, last_error, last_attempt_at, delivered_at, claimed_until, traceparent
 FROM {schema}.outbox
 WHERE state = ANY (%(states)s::text[])
   AND (%(topic)s::text IS NULL OR topic = %(topic)s)

@@ -236,9 +236,13 @@ WITH clock AS MATERIALIZED (
 -- in the worker (scheduler.claim.claims_from_rows): the planner sees two CTEs of one
 -- estimated row each and joins them by a nested loop, which for a batch of n claims
 -- compared n * n keys (a batch of 1,000 spent most of its time there).
-SELECT t.job_key, t.lease_owner, t.fencing_token, t.lease_until, NULL, NULL, NULL, NULL, NULL,
-       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL
+-- The first branch names the columns (scheduler.rows.ClaimRow).
+SELECT t.job_key, t.lease_owner, t.fencing_token, t.lease_until, NULL AS cron, NULL AS every,
+       NULL AS timezone, NULL AS ttl, NULL AS misfire, NULL AS misfire_grace,
+       NULL AS on_crash, NULL AS revision, NULL AS next_slot, NULL AS done_slot,
+       NULL AS running_slot, NULL AS running_kind, NULL AS running_token,
+       NULL AS running_attempt, NULL AS trigger_at, NULL AS now, NULL AS ready_at,
+       NULL AS prior_gone, NULL AS crash_streak, NULL AS quarantine_after, NULL AS freed_at
 FROM taken AS t
 UNION ALL
 SELECT d.job_key, NULL, NULL, NULL, d.cron, d.every, d.timezone,

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from types import TracebackType
-from typing import Any
+from typing import Any, overload
 
 import psycopg
 from psycopg import Connection, Cursor, pq
@@ -23,6 +23,7 @@ from ..._compat import monotonic
 from ...db import migrations
 from ...db.channels import channel
 from ...db.dsn import describe, resolve
+from ...db.executor import R, typed
 from ...db.idle import closed_while_idle
 from ...db.queries import compose, queries
 from ...db.timeouts import (
@@ -121,11 +122,28 @@ class Client:
     ) -> None:
         self.close()
 
+    @overload
     def fetch(
         self, name: str, params: dict[str, Any], *, doing: str, wrote: bool = False
-    ) -> list[tuple[Any, ...]]:
+    ) -> list[tuple[Any, ...]]: ...
+
+    @overload
+    def fetch(
+        self, name: str, params: dict[str, Any], *, doing: str, wrote: bool = False, row: type[R]
+    ) -> list[R]: ...
+
+    def fetch(
+        self,
+        name: str,
+        params: dict[str, Any],
+        *,
+        doing: str,
+        wrote: bool = False,
+        row: type[R] | None = None,
+    ) -> list[tuple[Any, ...]] | list[R]:
         """Run the named statement ``name`` (``db/sql/*.sql``) on a pooled autocommit
-        connection; its rows, columns in the statement's order. A psycopg error becomes a
+        connection; its rows, columns in the statement's order, as ``row`` records (its row
+        type, :mod:`tenure.db.rows`) or tuples. A psycopg error becomes a
         :class:`~tenure.TenureError` saying what was being done (``doing``); ``wrote``: the
         statement writes, so a lost connection leaves its outcome unknown."""
         pool = self._pool
@@ -139,20 +157,64 @@ class Client:
                 cur.execute(
                     self._queries[name], params, prepare=False if name in NOT_PREPARED else None
                 )
-                return [] if cur.description is None else cur.fetchall()
+                rows = [] if cur.description is None else cur.fetchall()
             finally:
                 pool.putconn(conn)
         except psycopg.Error as exc:
             if isinstance(exc, psycopg.OperationalError):
                 self._drop_dead_connections()
             raise translate(exc, doing, wrote=wrote) from exc
+        return rows if row is None else typed(rows, row)
 
+    @overload
     def fetch_one(
         self, name: str, params: dict[str, Any], *, doing: str, wrote: bool = False
-    ) -> tuple[Any, ...] | None:
+    ) -> tuple[Any, ...] | None: ...
+
+    @overload
+    def fetch_one(
+        self, name: str, params: dict[str, Any], *, doing: str, wrote: bool = False, row: type[R]
+    ) -> R | None: ...
+
+    def fetch_one(
+        self,
+        name: str,
+        params: dict[str, Any],
+        *,
+        doing: str,
+        wrote: bool = False,
+        row: type[R] | None = None,
+    ) -> tuple[Any, ...] | R | None:
         """:meth:`fetch`'s first row, or None when the statement returned none."""
         rows = self.fetch(name, params, doing=doing, wrote=wrote)
-        return rows[0] if rows else None
+        if not rows:
+            return None
+        return rows[0] if row is None else typed(rows[:1], row)[0]
+
+    @overload
+    def fetch_sized(
+        self,
+        name: str,
+        params: dict[str, Any],
+        *,
+        doing: str,
+        seconds: float,
+        serialize: str,
+        wrote: bool = False,
+    ) -> list[tuple[Any, ...]]: ...
+
+    @overload
+    def fetch_sized(
+        self,
+        name: str,
+        params: dict[str, Any],
+        *,
+        doing: str,
+        seconds: float,
+        serialize: str,
+        wrote: bool = False,
+        row: type[R],
+    ) -> list[R]: ...
 
     def fetch_sized(
         self,
@@ -163,7 +225,8 @@ class Client:
         seconds: float,
         serialize: str,
         wrote: bool = False,
-    ) -> list[tuple[Any, ...]]:
+        row: type[R] | None = None,
+    ) -> list[tuple[Any, ...]] | list[R]:
         """Run a statement whose work grows with its input (registering an app's 100,000s of
         jobs takes seconds, longer on a busy server) in its own transaction: statement and
         lock timeouts of ``seconds`` instead of the pool's 5 s and 2 s, and one at a time per
@@ -182,7 +245,8 @@ class Client:
                     (f"tenure:{self.schema}:{serialize}",),
                 )
                 cur = conn.execute(self._queries[name], params)
-                return cur.fetchall()
+                rows = cur.fetchall()
+        return rows if row is None else typed(rows, row)
 
     def _drop_dead_connections(self) -> None:
         """After a connection failure (server restart, terminated backends), test the idle

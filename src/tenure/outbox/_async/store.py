@@ -18,6 +18,7 @@ from psycopg import AsyncConnection
 from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
+from ... import tracing
 from ...db import channels
 from ...db.queries import query
 from ...errors import InvalidArgument, InvalidArgumentType, mapped
@@ -117,6 +118,7 @@ async def enqueue_async(
         "job_key": job_key,
         "token": token,
         "channel": channels.channel("outbox", schema),
+        "traceparent": tracing.traceparent(),
     }
     with mapped(f"enqueuing {topic!r} message {key!r}"):
         cur = await conn.execute(query(schema, "outbox_enqueue"), params)

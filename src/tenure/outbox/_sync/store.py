@@ -21,6 +21,7 @@ from psycopg import Connection
 from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
+from ... import tracing
 from ...db import channels
 from ...db.queries import query
 from ...errors import InvalidArgument, InvalidArgumentType, mapped
@@ -115,6 +116,7 @@ def enqueue(
         "job_key": job_key,
         "token": token,
         "channel": channels.channel("outbox", schema),
+        "traceparent": tracing.traceparent(),
     }
     with mapped(f"enqueuing {topic!r} message {key!r}"):
         cur = conn.execute(query(schema, "outbox_enqueue"), params)

@@ -50,7 +50,7 @@ WHERE recorded_at >= %(since)s;
 
 -- name: ui_overview_incidents
 -- The newest stale rejections, lost leases and failures since %(since)s, for the overview.
-SELECT job_key, token, outcome, coalesce(finished_at, recorded_at) AS at, worker_id, error
+SELECT job_key, token, outcome, coalesce(finished_at, recorded_at) AS at, worker_id AS worker, error
 FROM {schema}.job_runs
 WHERE recorded_at >= %(since)s
   AND outcome IN ('stale_rejected', 'lease_lost', 'failed')
@@ -198,8 +198,8 @@ WHERE j.job_key IS NOT NULL OR l.job_key IS NOT NULL OR res.job_key IS NOT NULL;
 -- name: ui_timeline
 -- The runs of one job in the window, newest first, at most %(limit)s (job_runs_window), and
 -- the run in progress whenever it started (scheduled_jobs.running_token, job_runs_run).
-(SELECT run_id, slot, kind, attempt, token, worker_id, host, pid, started_at, finished_at,
-        outcome, error, recorded_at
+(SELECT run_id, slot, kind, attempt, token, worker_id AS worker, host, pid, started_at,
+        finished_at, outcome, error, recorded_at
  FROM {schema}.job_runs
  WHERE job_key = %(job_key)s AND recorded_at >= %(since)s
  ORDER BY recorded_at DESC
@@ -230,7 +230,7 @@ ORDER BY run_id;
             AS late,
         NULL::bigint AS run_id, NULL::timestamptz AS slot,
         NULL::text AS kind, NULL::integer AS attempt, NULL::bigint AS token,
-        NULL::text AS worker_id, NULL::text AS host, NULL::integer AS pid,
+        NULL::text AS worker, NULL::text AS host, NULL::integer AS pid,
         NULL::timestamptz AS started_at, NULL::timestamptz AS finished_at, outcome,
         NULL::text AS error, NULL::timestamptz AS recorded_at
  FROM {schema}.job_runs
@@ -246,8 +246,8 @@ UNION ALL
  LIMIT %(limit)s);
 
 -- name: ui_history
-SELECT run_id, slot, kind, attempt, token, worker_id, host, pid, started_at, finished_at,
-       outcome, error, recorded_at
+SELECT run_id, slot, kind, attempt, token, worker_id AS worker, host, pid, started_at,
+       finished_at, outcome, error, recorded_at
 FROM {schema}.job_runs
 WHERE job_key = %(job_key)s
 ORDER BY run_id DESC

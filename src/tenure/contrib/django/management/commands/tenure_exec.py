@@ -11,9 +11,9 @@ from django.core.management import call_command, get_commands
 from django.core.management.base import BaseCommand, CommandError
 
 from tenure.contrib.django.db import conninfo, settings
-from tenure.contrib.once import Guard
 from tenure.errors import InvalidArgument, LeaseLost, TenureError
 from tenure.exec.slots import check_period, check_slot
+from tenure.guard import Guard
 from tenure.validation import check_job_key, check_ttl, parse_duration
 
 

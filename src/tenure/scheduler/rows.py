@@ -1,0 +1,177 @@
+"""The scheduler statements' rows (``db/sql/scheduler.sql``), named as the statements name
+their columns (:mod:`tenure.db.rows`; ``tests/db/test_row_types.py`` compares them)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import NamedTuple
+
+from ..db.rows import row_of
+
+
+@row_of("sched_claim")
+class ClaimRow(NamedTuple):
+    """One row of ``sched_claim``: a lease taken (``fencing_token`` set, the job's columns
+    NULL), a job row read (``fencing_token`` NULL, the lease's columns NULL), or the summary
+    (``job_key`` NULL; only ``now`` and ``ready_at`` set).
+    :func:`tenure.scheduler.claim.claims_from_rows` joins them; the types are those of the
+    row kind that carries the column."""
+
+    job_key: str | None
+    lease_owner: uuid.UUID
+    fencing_token: int | None
+    lease_until: dt.datetime
+    cron: str | None
+    every: dt.timedelta | None
+    timezone: str
+    ttl: dt.timedelta
+    misfire: str
+    misfire_grace: dt.timedelta | None
+    on_crash: str
+    revision: int
+    next_slot: dt.datetime
+    done_slot: dt.datetime | None
+    running_slot: dt.datetime | None
+    running_kind: str | None
+    running_token: int | None
+    running_attempt: int | None
+    trigger_at: dt.datetime | None
+    now: dt.datetime
+    ready_at: dt.datetime | None
+    prior_gone: bool
+    crash_streak: int
+    quarantine_after: int | None
+    freed_at: dt.datetime | None
+
+
+@row_of("sched_register")
+class RegisteredRow(NamedTuple):
+    """One job of ``sched_register``: its revision and next slot now, and from ``cron`` on
+    its definition before this registration (``defined_by`` NULL: a new job). A conflict row
+    (``conflict``: another app owns the job and ``adopt`` was not given) has only the owner's
+    ``defined_by``, ``defined_at`` and ``app`` (set). The types are those of a job defined
+    before."""
+
+    job_key: str
+    revision: int | None
+    next_slot: dt.datetime
+    cron: str | None
+    every: dt.timedelta | None
+    timezone: str
+    ttl: dt.timedelta
+    misfire: str
+    misfire_grace: dt.timedelta | None
+    on_crash: str
+    defined_by: str | None
+    defined_at: dt.datetime | None
+    app: str | None
+    redefined: bool
+    conflict: bool
+    notified: object
+
+
+@row_of("sched_finish")
+class FinishedRow(NamedTuple):
+    """One run ``sched_finish`` recorded: ``matched`` False when the job was taken over;
+    ``outcome`` what was recorded; ``current`` the job's token now."""
+
+    job_key: str
+    token: int
+    matched: bool
+    outcome: str | None
+    current: int | None
+    notified: object
+
+
+@row_of("sched_list")
+class JobListRow(NamedTuple):
+    """One job of ``sched_list`` (``tenure jobs list``)."""
+
+    job_key: str
+    cron: str | None
+    every: dt.timedelta | None
+    timezone: str
+    ttl: dt.timedelta
+    misfire: str
+    misfire_grace: dt.timedelta | None
+    on_crash: str
+    revision: int
+    defined_at: dt.datetime
+    defined_by: str
+    paused: bool
+    next_slot: dt.datetime
+    running_slot: dt.datetime | None
+    running_token: int | None
+    trigger_at: dt.datetime | None
+    fencing_token: int | None
+    lease_until: dt.datetime | None
+    held: bool
+    outcome: str | None
+    slot: dt.datetime | None
+    finished_at: dt.datetime | None
+    now: dt.datetime
+    quarantine_after: int | None
+    crash_streak: int
+    quarantined_at: dt.datetime | None
+    quarantine_reason: str | None
+    app: str | None
+
+
+@row_of("sched_get")
+class JobGetRow(NamedTuple):
+    """One job's schedule as ``sched_get`` reads it (before a resume)."""
+
+    job_key: str
+    cron: str | None
+    every: dt.timedelta | None
+    timezone: str
+    revision: int
+    paused: bool
+    next_slot: dt.datetime
+    trigger_at: dt.datetime | None
+    now: dt.datetime
+    quarantine_reason: str | None
+
+
+@row_of("sched_pause")
+class PausedRow(NamedTuple):
+    was_paused: bool
+    changed: bool
+    notified: object
+
+
+@row_of("sched_resume")
+class ResumedRow(NamedTuple):
+    next_slot: dt.datetime
+    notified: object
+
+
+@row_of("sched_trigger")
+class TriggeredRow(NamedTuple):
+    pending: dt.datetime | None
+    triggered: dt.datetime | None
+    paused: bool
+    notified: object
+
+
+@row_of("sched_history")
+class HistoryRow(NamedTuple):
+    """One row of run history (``sched_history``), as :class:`~.jobs.RunRecord` holds it."""
+
+    run_id: int
+    job_key: str
+    slot: dt.datetime
+    kind: str
+    attempt: int
+    token: int
+    owner: uuid.UUID | None
+    worker_id: str
+    host: str
+    pid: int
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    outcome: str
+    error: str | None
+    slots: int
+    last_slot: dt.datetime | None

@@ -1,0 +1,67 @@
+"""The package's metadata, as a team adopting it checks it (issue 26).
+
+The built wheel itself is checked by scripts/release-checks (build, twine, a wheel-only
+install outside the tree); these are the fast checks of the source tree.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import re
+import tomllib
+from pathlib import Path
+
+import tenure
+
+ROOT = Path(__file__).resolve().parents[1]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def test_no_module_imports_another_distributions_private_module() -> None:
+    # httpx._utils once: any httpx release may change a private module without notice.
+    private: list[str] = []
+    for path in sorted((ROOT / "src" / "tenure").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names: list[str] = []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            for name in names:
+                top, *rest = name.split(".")
+                if top != "tenure" and any(part.startswith("_") for part in rest):
+                    private.append(f"{path.relative_to(ROOT)}:{node.lineno}: {name}")
+    assert private == []
+
+
+def test_one_version_source() -> None:
+    project = PYPROJECT["project"]
+    assert "version" not in project and project["dynamic"] == ["version"]
+    assert PYPROJECT["tool"]["hatch"]["version"]["path"] == "src/tenure/__init__.py"
+    assert importlib.metadata.version("tenure") == tenure.__version__
+
+
+def test_license_is_an_spdx_expression_with_its_file() -> None:
+    project = PYPROJECT["project"]
+    assert project["license"] == "MIT"
+    assert project["license-files"] == ["LICENSE"]
+    assert (ROOT / "LICENSE").read_text().startswith("MIT License\n")
+
+
+def test_dev_tools_are_a_dependency_group_not_a_published_extra() -> None:
+    assert "dev" not in PYPROJECT["project"]["optional-dependencies"]
+    assert any(d.startswith("pytest>=") for d in PYPROJECT["dependency-groups"]["dev"])
+    script = (ROOT / "scripts" / "test").read_text()
+    assert "--group dev" in script and "pip>=25.1" in script
+
+
+def test_every_supported_python_has_its_classifier() -> None:
+    floor = re.fullmatch(r">=3\.(\d+)", PYPROJECT["project"]["requires-python"])
+    assert floor is not None
+    versions = {
+        c.rsplit(" ", 1)[1]
+        for c in PYPROJECT["project"]["classifiers"]
+        if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)
+    }
+    assert versions == {f"3.{m}" for m in range(int(floor[1]), 14)}
