@@ -5,6 +5,7 @@ its wait without running it. Real worker processes and signals."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 import tenure
 from tenure.db.channels import channel
 from tenure.scheduler import jobs as ops
+from tenure.scheduler.bodies import BodyLimit
 from tests.support.env import tenure_env
 from tests.support.scheduler_apps import gated_app
 from tests.support.scheduler_support import WorkerProcess, prepare, query, wait_for
@@ -130,3 +132,29 @@ def test_a_stop_ends_the_wait_for_a_body_slot_and_the_body_never_runs(
     # Both handed over (cancelled: the slot is left to be retried), neither finished.
     assert outcomes == {running: "cancelled", waiting: "cancelled"}, w.log()
     assert not query(dsn, schema, "SELECT 1 FROM {schema}.evidence WHERE phase = 'finished'")
+
+
+def test_body_slots_go_to_waiting_runs_in_order_and_a_given_up_wait_passes_its_turn() -> None:
+    async def main() -> None:
+        wake = asyncio.Event()
+        limit = BodyLimit(1, wake)
+        assert limit.take() and limit.busy == 1
+        a, b, c = limit.wait(), limit.wait(), limit.wait()
+        assert not limit.take()  # a run arriving now queues behind the waiting ones
+        assert not limit.room()  # and the claim loop claims nothing more meanwhile
+        b.cancel()  # its lease was lost while it waited
+        limit.forget(b)
+        limit.release()  # the running body returned (in its thread)
+        limit.grant()
+        assert a.done() and not c.done()
+        limit.release()
+        limit.grant()
+        assert c.done() and not wake.is_set()
+        limit.release()
+        limit.grant()
+        assert limit.busy == 0 and wake.is_set()  # room again: the claim loop is woken
+        d = limit.wait()
+        limit.close()  # the worker stops: the wait ends, its body never runs
+        assert d.cancelled() and not limit.take()
+
+    asyncio.run(main())

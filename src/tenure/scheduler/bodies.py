@@ -72,7 +72,7 @@ class BodyLimit:
             self._waiters.remove(future)
         if future.done() and not future.cancelled():
             self.release()  # granted as it was cancelled: give the slot on
-            self.grant()
+        self.grant()  # and the claim loop may have room again
 
     def release(self) -> None:
         """A body returned (from any thread). :meth:`grant` hands the slot on."""

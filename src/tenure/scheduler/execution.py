@@ -35,6 +35,9 @@ from .spec import JobSpec
 
 log = logging.getLogger("tenure.scheduler")
 
+#: The error of a run stopped by its worker's shutdown.
+HANDED_OVER = "the worker shut down before the run finished; the slot is handed over"
+
 
 @dataclass(eq=False)
 class Run:
@@ -154,6 +157,11 @@ async def _execute(run: Run, limit: BodyLimit) -> tuple[str, str | None, float]:
             outcome, error = "stale_rejected", "a fenced write was rejected (caught by the job)"
         elif lease.lost:
             outcome, error = "lease_lost", lease.lost_reason
+        elif threaded and run.shutdown:
+            # Returned after the worker told it to stop (ctx.wait() returned True): stopped,
+            # not done, as when the worker stopped waiting for its thread at once.
+            outcome = "cancelled"
+            error = HANDED_OVER
     except StaleTokenError as exc:
         outcome, error = "stale_rejected", str(exc)
     except LeaseLost as exc:
@@ -167,7 +175,7 @@ async def _execute(run: Run, limit: BodyLimit) -> tuple[str, str | None, float]:
             outcome, error = "lease_lost", f"cancelled: {lease.lost_reason}"
         elif run.shutdown:
             outcome = "cancelled"
-            error = "the worker shut down before the run finished; the slot is handed over"
+            error = HANDED_OVER
         else:
             # A sync body raised CancelledError itself: its failure, not a cancellation.
             outcome, error = "failed", describe_error(exc)
