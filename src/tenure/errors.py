@@ -34,6 +34,12 @@ _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 _BIDI = {*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F, 0x061C}
 
 
+def one_line(text: str) -> str:
+    """``text`` on one line: every run of whitespace, newlines included, as one space (an
+    exception's str may add context on further lines)."""
+    return " ".join(text.split())
+
+
 def printable(text: str) -> str:
     """``text`` with control characters, line separators and bidirectional controls shown as
     escapes (``\\n``, ``\\x1b``, ``\\u202e``): the one rule for error messages, the CLI's
@@ -263,24 +269,31 @@ def translate(exc: psycopg.Error, doing: str, *, wrote: bool = False) -> TenureE
                 sqlstate=state,
                 outcome_unknown=unknown,
             )
+        if state == "25006":
+            return DatabaseError(
+                f"{doing}: the server is read-only ({exc.diag.message_primary}): a hot standby, "
+                "or default_transaction_read_only; connect to the primary (with several hosts "
+                "in the DSN, add target_session_attrs=read-write)",
+                sqlstate=state,
+            )
         if state in _SCHEMA_STATES:
             return SchemaNotReady(
                 f"{doing}: tenure's schema is missing or outdated ({exc.diag.message_primary});"
                 " run `tenure migrate` (or client.migrate())",
                 sqlstate=state,
             )
-    return DatabaseError(f"{doing}: {_one_line(exc)}", sqlstate=state)
+    return DatabaseError(f"{doing}: {_server_message(exc)}", sqlstate=state)
 
 
-def _one_line(exc: psycopg.Error) -> str:
+def _server_message(exc: psycopg.Error) -> str:
     """The server's message and detail on one line. str(exc) adds CONTEXT and the statement's
     parameters on further lines: noise for an operator, and it may quote the caller's data."""
     primary = exc.diag.message_primary
     if primary is None:
-        return " ".join(str(exc).split())
+        return one_line(str(exc))
     detail = exc.diag.message_detail
     text = f"{primary} ({detail})" if detail else primary
-    return " ".join(text.split()) + (f" [SQLSTATE {exc.sqlstate}]" if exc.sqlstate else "")
+    return one_line(text) + (f" [SQLSTATE {exc.sqlstate}]" if exc.sqlstate else "")
 
 
 @contextmanager

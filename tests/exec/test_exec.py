@@ -663,16 +663,15 @@ def test_slot_write_refused_after_the_command_succeeded_is_an_error(
     )
 
 
-def test_every_slot_is_the_database_clock_rounded_to_the_period(
+def test_every_slot_is_never_run_more_than_the_early_tolerance_before_its_time(
     env: dict[str, str], client: tenure.Client
 ) -> None:
-    now = client.now()
-    # A period whose slot midpoint (where rounding flips) is far from now: 1h flips at
-    # hh:30, 2h at odd hours; the two are 30 minutes apart, so one of them is safe.
-    minute = now.minute + now.second / 60
-    period = 3600 if abs(minute - 30) > 5 else 7200
-    epoch = now.timestamp()
-    expected = dt.datetime.fromtimestamp(round(epoch / period) * period, dt.UTC)
+    # A period whose current slot began more than half a period ago (by at least a minute),
+    # and whose next one is minutes away: rounding to the nearest multiple would run the
+    # next slot now, minutes early; the slot run is the one that began.
+    epoch = client.now().timestamp()
+    period = next(p for p in range(600, 86_400, 60) if p / 2 + 60 < epoch % p < p - 120)
+    expected = dt.datetime.fromtimestamp(epoch // period * period, dt.UTC)
     run = ["exec", "--key", "job", "--every", f"{period}s", "--", "sh", "-c", "echo $TENURE_SLOT"]
     first = run_tenure(run, env)
     assert first.returncode == 0, first.stderr

@@ -360,7 +360,11 @@ listen rw
         return None
 
     def replicas(self) -> list[str]:
-        return [r["name"] for r in self.topology() if r.get("role") != "leader"]
+        """The members that are not the leader, a synchronous standby first (in synchronous
+        mode Patroni promotes only that one: a switchover to another is refused)."""
+        rows = [r for r in self.topology() if r.get("role") != "leader"]
+        rows.sort(key=lambda r: r.get("role") != "sync_standby")
+        return [r["name"] for r in rows]
 
     def healthy(self) -> bool:
         rows = self.topology()
@@ -419,7 +423,9 @@ listen rw
             timeout=timeout,
             check=False,
         )
-        if proc.returncode != 0:
+        # patronictl exits 0 when Patroni refuses a switchover or failover ("Switchover
+        # failed, details: 412, ..."): read its answer.
+        if proc.returncode != 0 or "failed, details" in proc.stdout:
             raise ClusterError(f"patronictl {' '.join(args)}: {proc.stderr or proc.stdout}")
         return proc.stdout
 

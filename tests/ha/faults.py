@@ -18,12 +18,16 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from tenure.verify import VerifyConfig, VerifyResult
+from tenure.verify import run as verify_run
+from tenure.verify.config import RESTART
+
 from .cluster import PatroniCluster
 from .workload import Recovery, Workload
 
 WARM_UP_TIMEOUT = 60.0
 RECOVERY_TIMEOUT = 60.0
-STEADY = 3.0  # seconds of load before the fault and after the recovery
+STEADY = 2.0  # seconds of load before the fault and after the recovery
 ALL = os.environ.get("TENURE_HA_ALL", "") not in ("", "0")
 
 
@@ -76,10 +80,14 @@ def _wait(predicate: Callable[[], object], timeout: float, what: str) -> None:
 
 def run_fault(c: PatroniCluster, fault: str) -> tuple[str, Recovery]:
     """One fault under load; asserts the checks; returns what was done and the recovery.
+    ``fault`` is a name of :data:`FAULTS`, with ``@multihost`` when the clients connect with
+    libpq's multi-host DSN (``target_session_attrs=read-write``) instead of HAProxy.
     The processes' logs are deleted after a pass and kept (the path is in the failure)
     otherwise: not under pytest's tmp_path, which other runs on the machine rotate away."""
+    fault, _, via = fault.partition("@")
+    dsn = c.multi_host_dsn if via == "multihost" else c.dsn
     out = Path(tempfile.mkdtemp(prefix=f"tenure-ha-{fault}-"))
-    load = Workload(c.dsn, f"ha_{uuid.uuid4().hex[:10]}", out)
+    load = Workload(dsn, f"ha_{uuid.uuid4().hex[:10]}", out)
     try:
         load.start()
         _wait(
@@ -89,10 +97,14 @@ def run_fault(c: PatroniCluster, fault: str) -> tuple[str, Recovery]:
         )
         time.sleep(STEADY)
         assert not load.running(), load.running()
+        before = c.timeline()
         fault_t = time.time()
         what = FAULTS[fault](c)
         c.wait_healthy()
         timeline = c.timeline()
+        # Every one of these faults ends with a promotion (Patroni promotes even the crashed
+        # leader it restarts in place): a fault that changed nothing tested nothing.
+        assert timeline > before, f"{what}: still on timeline {before}"
         _wait(
             lambda: all(v is not None for v in vars(load.recovery(fault_t, timeline)).values()),
             RECOVERY_TIMEOUT,
@@ -108,7 +120,8 @@ def run_fault(c: PatroniCluster, fault: str) -> tuple[str, Recovery]:
     finally:
         load.kill()
     summary = (
-        f"{what} ({'synchronous' if c.synchronous else 'asynchronous'}): {recovery.describe()}; "
+        f"{what} ({'synchronous' if c.synchronous else 'asynchronous'}, "
+        f"{'multi-host DSN' if via else 'HAProxy'}): {recovery.describe()}; "
         f"timeline {timeline}; {report.counts}; lost acknowledged runs {len(report.lost_acks)}"
     )
     print(summary)
@@ -118,3 +131,28 @@ def run_fault(c: PatroniCluster, fault: str) -> tuple[str, Recovery]:
     assert not found, f"{what}: logs in {out}\n" + "\n".join(found[:20])
     shutil.rmtree(out, ignore_errors=True)
     return what, recovery
+
+
+def verify_with_patroni_faults(c: PatroniCluster, seconds: float) -> VerifyResult:
+    """``tenure verify``'s workload and checker through the HA endpoint, its nemesis' server
+    restart replaced by Patroni faults: ``fast`` is a switchover, ``immediate`` a kill -9 of
+    the leader's postmaster; each returns once the cluster has healed."""
+
+    def restart(mode: str) -> None:
+        (switchover if mode == "fast" else kill_postmaster)(c)
+        c.wait_healthy()
+
+    cfg = VerifyConfig(
+        dsn=c.dsn,
+        duration=seconds,
+        workers=5,
+        keys=3,
+        ttl=2.0,
+        faults=("pause", "kill", RESTART),
+        restart=restart,
+    )
+    return verify_run(cfg)
+
+
+#: ``TENURE_HA_ALL=1``: every fault, through HAProxy and through the multi-host DSN.
+EVERY = [*FAULTS, *(f"{name}@multihost" for name in FAULTS)]

@@ -9,15 +9,22 @@ from __future__ import annotations
 import pytest
 
 from .cluster import PatroniCluster
-from .faults import ALL, run_fault
+from .faults import ALL, EVERY, run_fault
+from .standby import check_standby
 
 SYNCHRONOUS = False
 pytestmark = [pytest.mark.ha, pytest.mark.slow, pytest.mark.timeout(240)]
 
 CI_FAULTS = ["kill9", "partition"]
-FAULTS = ["kill9", "switchover", "failover", "partition"] if ALL else CI_FAULTS
+FAULTS = EVERY if ALL else CI_FAULTS
 
 
 @pytest.mark.parametrize("fault", FAULTS)
 def test_fault_under_load(cluster: PatroniCluster, fault: str) -> None:
     run_fault(cluster, fault)
+
+
+def test_read_only_views_work_on_a_standby_and_writes_say_why_not(
+    cluster: PatroniCluster,
+) -> None:
+    check_standby(cluster)

@@ -125,11 +125,15 @@ class Workload:
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def start(self) -> Workload:
+    def prepare(self) -> None:
+        """tenure's tables and the evidence table in the workload's schema."""
         with tenure.connect(self.dsn, schema=self.schema, migrate=True, pool_size=1):
             pass
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             conn.execute(sql.SQL(EVIDENCE).format(schema=sql.Identifier(self.schema)))
+
+    def start(self) -> Workload:
+        self.prepare()
         app = "tests.ha.apps:sched"
         for i in range(2):
             self._spawn(f"worker{i}", [sys.executable, "-m", "tenure", "worker", app])
@@ -314,6 +318,8 @@ class Workload:
         begins = [r for r in lines if r["ph"] == "begin"]
         oks = [r for r in lines if r["ph"] == "ok"]
         with psycopg.connect(self.dsn, autocommit=True, connect_timeout=5) as conn:
+            # Slots as the jobs' ctx.slot.isoformat() spells them: the app's jobs are in UTC.
+            conn.execute(b"SET TimeZone TO 'UTC'")
             ident = sql.Identifier(self.schema)
             rows = conn.execute(
                 sql.SQL("SELECT job_key, slot, token, pid FROM {}.ha_evidence ORDER BY id").format(

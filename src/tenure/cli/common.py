@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
+from ..errors import one_line
+
 if TYPE_CHECKING:
     from ..observability.http import MetricsServer
 
@@ -35,10 +37,6 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, like a shell
 
 PROG = "tenure"
-
-
-def one_line(text: str) -> str:
-    return " ".join(text.split())
 
 
 def error_line(message: str, prog: str = PROG) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 
+from ..errors import one_line
 from .common import CONTEXT, setup_logs
 
 EXIT_PASS, EXIT_FAIL, EXIT_INTERRUPTED = 0, 1, 130
@@ -274,7 +275,7 @@ def verify_command(
     try:
         result = run(cfg, stop=stop, on_progress=on_progress)
     except TenureError as exc:
-        click.echo(f"tenure: error: {' '.join(str(exc).split())}", err=True)
+        click.echo(f"tenure: error: {one_line(str(exc))}", err=True)
         sys.exit(EXIT_FAIL)
     except KeyboardInterrupt:
         click.echo(

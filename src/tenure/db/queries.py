@@ -1,8 +1,13 @@
-"""Named SQL queries, loaded once from the packaged ``sql/*.sql`` files (``queries.sql`` for
-leases and results; one file per further concept). Names are unique across files.
+"""Named SQL queries, loaded once from a package's ``sql/*.sql`` files (tenure's own in
+``tenure/db/sql``: ``queries.sql`` for leases and results, one file per further concept; the
+dashboard's in ``tenure/ui/sql``, loaded only with the dashboard). Names are unique across a
+package's files.
 
-Each query is composed with the configured schema as a :class:`psycopg.sql.Identifier` and
-rendered to bytes once per schema, so executing one costs no more than executing a literal.
+Each block starts with ``-- name: NAME`` (a statement) or ``-- fragment: NAME`` (a piece of
+SQL that statements share, written ``{NAME}`` in them: one spelling of an expression that two
+statements must agree on, such as the takeover). Each query is composed with the configured
+schema as a :class:`psycopg.sql.Identifier` and rendered to bytes once per schema, so
+executing one costs no more than executing a literal.
 """
 
 from __future__ import annotations
@@ -13,25 +18,37 @@ from importlib import resources
 
 from psycopg import sql
 
-_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+_BLOCK = re.compile(r"^-- (name|fragment): (\w+)\s*$", re.MULTILINE)
+
+
+def _strip(body: str) -> str:
+    # Comments stay in the file for reviewers; they are not sent with each execution.
+    return "\n".join(
+        line for line in body.strip().splitlines() if not line.lstrip().startswith("--")
+    )
 
 
 @functools.cache
-def _raw() -> dict[str, str]:
+def named(package: str = "tenure.db") -> dict[str, str]:
+    """The named statements of ``package``'s ``sql/*.sql`` files, fragments filled in, with
+    ``{schema}`` still to compose."""
     found: dict[str, str] = {}
-    folder = resources.files("tenure.db").joinpath("sql")
+    fragments: dict[str, str] = {}
+    folder = resources.files(package).joinpath("sql")
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):
         if not entry.name.endswith(".sql"):
             continue
-        parts = _NAME.split(entry.read_text("utf-8"))
-        # parts = [preamble, name1, body1, name2, body2, ...]
-        for name, body in zip(parts[1::2], parts[2::2], strict=True):
-            if name in found:
-                raise RuntimeError(f"query {name!r} is defined twice (sql/{entry.name})")
-            # Comments stay in the file for reviewers; they are not sent with each execution.
-            found[name] = "\n".join(
-                line for line in body.strip().splitlines() if not line.lstrip().startswith("--")
-            )
+        parts = _BLOCK.split(entry.read_text("utf-8"))
+        # parts = [preamble, kind1, name1, body1, kind2, name2, body2, ...]
+        for kind, name, body in zip(parts[1::3], parts[2::3], parts[3::3], strict=True):
+            into = found if kind == "name" else fragments
+            if name in into:
+                raise RuntimeError(f"{kind} {name!r} is defined twice (sql/{entry.name})")
+            into[name] = _strip(body)
+    for name, body in found.items():
+        for fragment, text in fragments.items():
+            body = body.replace("{" + fragment + "}", text)
+        found[name] = body
     return found
 
 
@@ -50,9 +67,10 @@ def compose(template: str, schema: str, *, with_params: bool = True) -> bytes:
 
 
 @functools.cache
-def queries(schema: str) -> dict[str, bytes]:
-    """All named queries for one schema, to execute with parameters (``{}`` if none)."""
-    return {name: compose(body, schema) for name, body in _raw().items()}
+def queries(schema: str, package: str = "tenure.db") -> dict[str, bytes]:
+    """All named queries of ``package`` for one schema, to execute with parameters (``{}`` if
+    none)."""
+    return {name: compose(body, schema) for name, body in named(package).items()}
 
 
 def query(schema: str, name: str) -> bytes:

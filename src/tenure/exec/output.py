@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import click
 
+from ..errors import one_line
+
 PROG = "tenure exec"
-
-
-def one_line(text: str) -> str:
-    return " ".join(text.split())
 
 
 def say(text: str) -> None:

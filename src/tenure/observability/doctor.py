@@ -44,7 +44,7 @@ from ..db.dsn import describe, parse, redact, remember
 from ..db.privileges import FUNCTIONS, TABLES
 from ..db.queries import queries
 from ..db.timeouts import CONNECTION_KWARGS, TIMEOUTS
-from ..errors import TenureError, translate
+from ..errors import TenureError, one_line, translate
 from ..scheduler import vacuum
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
@@ -572,7 +572,7 @@ def _pgbouncer(ctx: _Context) -> tuple[bool, str, str]:
     try:
         conn = psycopg.connect(admin, autocommit=True)
     except psycopg.Error as exc:
-        return False, f"not reachable for this user: {' '.join(str(exc).split())}", ""
+        return False, f"not reachable for this user: {one_line(str(exc))}", ""
     try:
         # The admin console speaks only the simple query protocol: PQexec, not psycopg's
         # extended-protocol execute().

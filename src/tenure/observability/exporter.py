@@ -44,7 +44,7 @@ from ..db import migrations
 from ..db.dsn import describe, redact, resolve
 from ..db.queries import queries
 from ..db.timeouts import CONNECTION_KWARGS
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, one_line
 from ..validation import check_schema
 
 log = logging.getLogger("tenure.observe")
@@ -284,7 +284,7 @@ class Database:
 
 def _one_line(exc: BaseException) -> str:
     # Shown on /readyz and in logs: never a password.
-    return redact(" ".join(str(exc).split())) or type(exc).__name__
+    return redact(one_line(str(exc))) or type(exc).__name__
 
 
 # -- Prometheus ------------------------------------------------------------------------------

@@ -205,8 +205,9 @@ class Worker:
             if version is None or version < SCHEMA_VERSION:
                 raise SchemaNotReady(
                     f"schema {settings.schema!r} on {self.client.where} has no scheduler tables "
-                    f"(version {version}, need {SCHEMA_VERSION}); run `tenure migrate` or "
-                    "start the worker with --migrate"
+                    f"(version {version}, need {SCHEMA_VERSION}); run `tenure migrate`, or "
+                    "start the worker with --migrate (in your own process: "
+                    "Scheduler(migrate=True))"
                 )
             await register(
                 self.client, specs, defined_by=self.label, app=settings.app, adopt=settings.adopt

@@ -41,7 +41,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ..db.dsn import describe, resolve
-from ..errors import ConfigurationError, DatabaseUnavailable, TenureError, printable
+from ..errors import ConfigurationError, DatabaseUnavailable, TenureError, one_line, printable
 from ..validation import check_schema
 from . import data, security
 from .actions import ACTIONS, Actions
@@ -197,7 +197,7 @@ class Dashboard:
                 )
             except psycopg.Error as exc:
                 log.warning("dashboard query failed: %s", exc)
-                return self._error(request, 500, f"database error: {' '.join(str(exc).split())}")
+                return self._error(request, 500, f"database error: {one_line(str(exc))}")
 
         return guarded
 

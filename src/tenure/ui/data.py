@@ -16,11 +16,13 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from ..db.executor import typed
 from ..db.rows import row_of
 from ..db.timeouts import CONNECTION_KWARGS
-from ..errors import DatabaseUnavailable
+from ..errors import DatabaseUnavailable, one_line
 from ..scheduler.schedules import schedule_from_row
 from .queries import ui_queries
+from .rows import JobDetailRow, JobsPageRow
 
 log = logging.getLogger("tenure.ui")
 
@@ -368,7 +370,7 @@ class Reader:
                 yield conn
         except psycopg.OperationalError as exc:
             raise DatabaseUnavailable(
-                f"the dashboard could not read the database: {' '.join(str(exc).split())}"
+                f"the dashboard could not read the database: {one_line(str(exc))}"
             ) from exc
         except PoolTimeout as exc:
             raise DatabaseUnavailable(
@@ -436,89 +438,71 @@ class Reader:
             "offset": (page - 1) * PAGE_SIZE,
         }
         async with self._session() as conn:
-            rows = await self._all(conn, name, params)
-        total = rows[0][14] if rows else 0
+            rows = typed(await self._all(conn, name, params), JobsPageRow)
+        total = rows[0].total if rows else 0
         out = tuple(
             JobRow(
-                key,
-                _describe(key, cron, every, tz),
-                tz,
-                paused,
-                next_slot,
-                running_slot is not None,
-                triggered,
-                token,
-                until,
-                held,
-                outcome,
-                last_at,
-                last_token,
-                now,
-                quarantined_at is not None,
+                r.job_key,
+                _describe(r.job_key, r.cron, r.every, r.timezone),
+                r.timezone,
+                r.paused,
+                r.next_slot,
+                r.running_slot is not None,
+                r.triggered,
+                r.fencing_token,
+                r.lease_until,
+                r.held,
+                r.outcome,
+                r.finished_at,
+                r.token,
+                r.now,
+                r.quarantined_at is not None,
             )
-            for (
-                key,
-                cron,
-                every,
-                tz,
-                paused,
-                next_slot,
-                running_slot,
-                triggered,
-                token,
-                until,
-                held,
-                outcome,
-                last_at,
-                last_token,
-                _total,
-                now,
-                quarantined_at,
-            ) in rows
+            for r in rows
         )
         pages = max(1, math.ceil(total / PAGE_SIZE))
         return JobPage(out, total, page, pages, state, sort, desc, search)
 
     async def job(self, job_key: str) -> Job | None:
         async with self._session() as conn:
-            rows = await self._all(conn, "ui_job", {"job_key": job_key})
+            rows = typed(await self._all(conn, "ui_job", {"job_key": job_key}), JobDetailRow)
         if not rows:
             return None
         r = rows[0]
         schedule = None
-        if r[25]:
-            schedule = _describe(r[0], r[1], r[2], r[3])
+        if r.scheduled and r.timezone is not None:  # a scheduled job has its zone
+            schedule = _describe(r.job_key, r.cron, r.every, r.timezone)
         return Job(
-            job_key=r[0],
-            scheduled=r[25],
+            job_key=r.job_key,
+            scheduled=r.scheduled,
             schedule=schedule,
-            timezone=r[3],
-            ttl=r[4],
-            paused=bool(r[5]),
-            paused_at=r[6],
-            next_slot=r[7],
-            running_slot=r[8],
-            running_token=r[9],
-            trigger_at=r[10],
-            defined_by=r[11],
-            defined_at=r[12],
-            revision=r[13],
-            token=r[14],
-            owner=r[15],
-            lease_until=r[16],
-            held=r[17],
-            acquired_at=r[18],
-            fence_token=r[19],
-            fenced_token=r[20],
-            fenced_at=r[21],
-            result_token=r[22],
-            result_written_at=r[23],
-            result_payload=r[24],
-            now=r[26],
-            quarantined_at=r[27],
-            quarantine_reason=r[28],
-            crash_streak=r[29],
-            app=r[30],
+            timezone=r.timezone,
+            ttl=r.ttl,
+            paused=bool(r.paused),
+            paused_at=r.paused_at,
+            next_slot=r.next_slot,
+            running_slot=r.running_slot,
+            running_token=r.running_token,
+            trigger_at=r.trigger_at,
+            defined_by=r.defined_by,
+            defined_at=r.defined_at,
+            revision=r.revision,
+            token=r.fencing_token,
+            owner=r.lease_owner,
+            lease_until=r.lease_until,
+            held=r.held,
+            acquired_at=r.acquired_at,
+            fence_token=r.fence_token,
+            fenced_token=r.fenced_token,
+            fenced_at=r.fenced_at,
+            result_token=r.applied_fencing_token,
+            result_written_at=r.written_at,
+            result_payload=r.payload,
+            now=r.now,
+            quarantined_at=r.quarantined_at,
+            quarantine_reason=r.quarantine_reason,
+            crash_streak=r.crash_streak,
+            app=r.app,
         )
 
     async def timeline(

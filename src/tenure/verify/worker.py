@@ -35,7 +35,7 @@ from psycopg.types.json import Jsonb
 
 from ..db.queries import query
 from ..db.timeouts import CONNECTION_KWARGS
-from ..errors import DatabaseUnavailable, LeaseLost, StaleTokenError, TenureError
+from ..errors import DatabaseUnavailable, LeaseLost, StaleTokenError, TenureError, one_line
 from ..leases._sync.client import Client, connect
 from ..leases._sync.fencing import fence
 from ..leases._sync.lease import Lease
@@ -56,7 +56,7 @@ APP_NAME = "tenure-verify-worker"
 
 
 def short(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:240]}"
+    return f"{type(exc).__name__}: {one_line(str(exc))[:240]}"
 
 
 def tenure_outcome(exc: TenureError) -> str:

@@ -2,6 +2,28 @@
 -- trip). {schema} is substituted once per client with psycopg.sql.Identifier; parameters are
 -- psycopg named placeholders. See docs/safety.md for why each statement is safe.
 
+-- fragment: token_floor
+-- The first token of a key, and the least token of any takeover: (timeline - 1) * 2^40 + 1.
+-- On timeline 1 that is 1 and changes nothing; after a failover to a replica (a new
+-- timeline) every token is above all tokens the old primary could have issued, even
+-- takeovers that asynchronous replication lost: a token is never reissued.
+((('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int - 1)
+    ::bigint << 40) + 1
+
+-- fragment: takeover
+-- The upsert of a lease row (alias l) into job_leases: a new key's row goes in as inserted;
+-- an existing row is taken over only if its lease has expired (evaluated again on the
+-- locked row, so a concurrent renew or takeover wins cleanly), with the next token (at
+-- least the floor). Used by acquire and sched_claim.
+ON CONFLICT (job_key) DO UPDATE
+SET lease_owner = excluded.lease_owner,
+    lease_until = clock_timestamp() + excluded.lease_ttl,
+    fencing_token = greatest(l.fencing_token + 1, excluded.fencing_token),
+    lease_ttl = excluded.lease_ttl,
+    acquired_at = clock_timestamp(),
+    renewed_at = clock_timestamp()
+WHERE l.lease_until < clock_timestamp()
+
 -- name: acquire
 -- A read-only look first: a live lease answers "busy" without a write or a row lock. Only
 -- when the lease looks free or expired do we run the seed's upsert, whose WHERE is evaluated
@@ -9,10 +31,7 @@
 -- moves the fence row to the new token: it waits for any fenced transaction of the previous
 -- holder (strict fencing), bounded by lock_timeout, which this statement lowers to at most
 -- the TTL before it can wait (set_config(..., true) lasts until the statement ends).
--- Token floor: the first token of a key, and the least token of any takeover, is
--- (timeline - 1) * 2^40 + 1. On timeline 1 that is 1 and changes nothing; after a failover to
--- a replica (a new timeline) every token is above all tokens the old primary could have
--- issued, even takeovers that asynchronous replication lost: a token is never reissued.
+-- The token floor and the takeover are the fragments below, shared with sched_claim.
 WITH cur AS MATERIALIZED (
     SELECT fencing_token, lease_until, lease_until >= clock_timestamp() AS live
     FROM {schema}.job_leases
@@ -21,19 +40,11 @@ WITH cur AS MATERIALIZED (
     INSERT INTO {schema}.job_leases AS l
         (job_key, lease_owner, lease_until, fencing_token, lease_ttl, acquired_at, renewed_at)
     SELECT %(job_key)s, %(owner)s, clock_timestamp() + %(ttl)s,
-           ((('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int - 1)
-               ::bigint << 40) + 1,
+           {token_floor},
            %(ttl)s, clock_timestamp(), clock_timestamp()
     WHERE NOT EXISTS (SELECT 1 FROM cur WHERE cur.live)
       AND (SELECT set_config('lock_timeout', %(lock_timeout)s, true)) IS NOT NULL
-    ON CONFLICT (job_key) DO UPDATE
-    SET lease_owner = excluded.lease_owner,
-        lease_until = clock_timestamp() + excluded.lease_ttl,
-        fencing_token = greatest(l.fencing_token + 1, excluded.fencing_token),
-        lease_ttl = excluded.lease_ttl,
-        acquired_at = clock_timestamp(),
-        renewed_at = clock_timestamp()
-    WHERE l.lease_until < clock_timestamp()
+    {takeover}
     RETURNING l.job_key, l.fencing_token, l.lease_until, l.acquired_at
 ), state AS (
     INSERT INTO {schema}.job_state AS s (job_key, token)

@@ -162,19 +162,12 @@ WITH clock AS MATERIALIZED (
     INSERT INTO {schema}.job_leases AS l
         (job_key, lease_owner, lease_until, fencing_token, lease_ttl, acquired_at, renewed_at)
     SELECT d.job_key, gen_random_uuid(), clock_timestamp() + d.ttl,
-           ((('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int - 1)
-               ::bigint << 40) + 1,
+           {token_floor},
            d.ttl, clock_timestamp(), clock_timestamp()
     FROM due AS d
     ORDER BY d.job_key
-    ON CONFLICT (job_key) DO UPDATE
-    SET lease_owner = excluded.lease_owner,
-        lease_until = clock_timestamp() + excluded.lease_ttl,
-        fencing_token = greatest(l.fencing_token + 1, excluded.fencing_token),
-        lease_ttl = excluded.lease_ttl,
-        acquired_at = clock_timestamp(),
-        renewed_at = clock_timestamp()
-    WHERE l.lease_until < clock_timestamp()
+    -- The takeover: a fragment of queries.sql (acquire takes over the same way).
+    {takeover}
     RETURNING l.job_key, l.lease_owner, l.fencing_token, l.lease_until
 ), state AS (
     INSERT INTO {schema}.job_state AS s (job_key, token)

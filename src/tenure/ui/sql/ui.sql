@@ -184,7 +184,7 @@ SELECT k.job_key, j.cron, j.every, j.timezone, j.ttl, j.paused, j.paused_at, j.n
        l.fencing_token, l.lease_owner, l.lease_until,
        coalesce(l.lease_until >= c.now, false) AS held, l.acquired_at,
        s.token AS fence_token, s.fenced_token, s.fenced_at,
-       res.applied_fencing_token, res.written_at, res.payload::text,
+       res.applied_fencing_token, res.written_at, res.payload::text AS payload,
        j.job_key IS NOT NULL AS scheduled, c.now, j.quarantined_at, j.quarantine_reason,
        j.crash_streak, j.app
 FROM (SELECT %(job_key)s::text AS job_key) AS k

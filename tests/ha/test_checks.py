@@ -1,0 +1,84 @@
+"""The HA tests' own checks (tests/ha/workload.py) on a made-up history, so that a check
+that could never fail would show here: every kind of violation is planted once, next to
+the cases that are not violations (an at-least-once retry after an unanswered COMMIT).
+Needs only the shared server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from tenure import outbox
+
+from .apps import TOPIC
+from .workload import Workload
+
+J = "ha-0"
+
+
+def _slot(n: int) -> str:
+    return f"2026-01-01T00:00:{n:02d}+00:00"
+
+
+def _lines(path: Path, rows: list[dict[str, Any]]) -> None:
+    with path.open("w") as f:
+        for i, row in enumerate(rows):
+            f.write(json.dumps({"t": 1000.0 + i, **row}) + "\n")
+
+
+def _run(slot: int, token: int, *phases: str, pid: int = 1, left: float = 3.0) -> list[Any]:
+    base = {"job": J, "slot": _slot(slot), "token": token, "pid": pid}
+    return [{**base, "ph": ph, "left": left} for ph in phases]
+
+
+def test_every_check_finds_what_it_names(dsn: str, schema: str, tmp_path: Path) -> None:
+    load = Workload(dsn, schema, tmp_path)
+    load.prepare()
+    committed = [(1, 5), (3, 4), (4, 6), (4, 7), (5, 8), (5, 9), (7, 11)]
+    with psycopg.connect(dsn) as conn, conn.transaction():
+        for slot, token in committed:
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO {}.ha_evidence (job_key, slot, token, pid) VALUES (%s, %s, %s, 1)"
+                ).format(sql.Identifier(schema)),
+                (J, _slot(slot), token),
+            )
+            if (slot, token) != (7, 11):  # planted: a committed run without its message
+                key = f"{J}@{_slot(slot)}@{token}"
+                outbox.enqueue(conn, TOPIC, key, {}, schema=schema)
+    runs = [
+        *_run(1, 5, "begin", "commit", "ok"),
+        *_run(2, 5, "begin", pid=2),  # token 5 told to a second execution
+        *_run(3, 4, "begin", "commit", "ok"),  # committed after token 5: stale
+        *_run(4, 6, "begin", "commit", "ok"),  # slot 4 committed twice, both answered
+        *_run(4, 7, "begin", "commit", "ok"),
+        *_run(5, 8, "begin", "commit", "failed"),  # COMMIT unanswered: retried, allowed
+        *_run(5, 9, "begin", "commit", "ok"),
+        *_run(6, 10, "begin", "commit", "ok", left=-1.0),  # late start; ack lost
+        *_run(7, 11, "begin", "commit", "ok"),
+    ]
+    _lines(tmp_path / "sched-1.jsonl", runs)
+    delivered = [f"{J}@{_slot(s)}@{t}" for s, t in committed if (s, t) != (3, 4)]
+    delivered.append(f"{J}@{_slot(9)}@99")  # a delivery whose run never committed
+    _lines(tmp_path / "relay-1.jsonl", [{"key": k, "id": 0, "attempt": 1} for k in delivered])
+
+    report = load.check()
+    found = "\n".join(report.violations)
+    for expected in (
+        f"token-reissued: {J} token 5",
+        f"stale-write: {J} token 4 committed after 5",
+        f"slot-twice: {J} slot {_slot(4)} has 2 committed runs",
+        f"slot-twice: {J} slot {_slot(4)} acknowledged 2 times",
+        f"late-start: {J} slot {_slot(6)} token 10",
+        f"outbox-lost: {J}@{_slot(3)}@4 committed, never delivered",
+        f"outbox-phantom: {J}@{_slot(9)}@99 delivered",
+        f"outbox-mismatch: {J}@{_slot(7)}@11",
+    ):
+        assert expected in found, (expected, found)
+    assert f"slot {_slot(5)}" not in found, found  # the retry is at least once, not a fault
+    assert report.retried == [f"{J} slot {_slot(5)}: tokens [8, 9]"]
+    assert report.lost_acks == [f"ack-lost: run {J}@{_slot(6)}@10 was acknowledged, then lost"]
