@@ -68,6 +68,13 @@ def _both_started_one_body(dsn: str, schema: str) -> tuple[str, str] | None:
     return None
 
 
+def _one_running_one_waiting(dsn: str, schema: str) -> tuple[str, str]:
+    """Wait until both jobs' starts are recorded and one body runs: (running, waiting)."""
+    return wait_for(
+        lambda: _both_started_one_body(dsn, schema), timeout=20, what="one body, one waiting"
+    )
+
+
 def test_a_run_waits_for_a_body_slot_with_its_lease_renewed_then_runs_with_its_token(
     dsn: str, schema: str, tmp_path: Path
 ) -> None:
@@ -75,11 +82,7 @@ def test_a_run_waits_for_a_body_slot_with_its_lease_renewed_then_runs_with_its_t
     try:
         # Both starts recorded (both leases taken), one body running: claimed beyond the
         # concurrency, bodies bounded by it. (Before: the second job was not even claimed.)
-        running, waiting = wait_for(
-            lambda: _both_started_one_body(dsn, schema),
-            timeout=20,
-            what="both jobs started, one body running",
-        )
+        running, waiting = _one_running_one_waiting(dsn, schema)
         token, live, renewed = _held(dsn, schema)[waiting]
         time.sleep(3 * TTL)  # longer than the lease: only renewals keep it
         assert _started(dsn, schema) == [(running, _held(dsn, schema)[running][0])]
@@ -118,11 +121,7 @@ def test_a_stop_ends_the_wait_for_a_body_slot_and_the_body_never_runs(
 ) -> None:
     w = _start(dsn, schema, tmp_path)
     try:
-        running, waiting = wait_for(
-            lambda: _both_started_one_body(dsn, schema),
-            timeout=20,
-            what="both jobs started, one body running",
-        )
+        running, waiting = _one_running_one_waiting(dsn, schema)
         w.signal(signal.SIGTERM)
         assert w.wait() == 0, w.log()
     finally:
