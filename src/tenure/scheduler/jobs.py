@@ -62,6 +62,7 @@ class JobStatus:
     quarantined_at: dt.datetime | None = None
     quarantined: str | None = None  # the reason, while quarantined
     app: str | None = None  # the app that owns the definition (None: not stamped yet)
+    task: str | None = None  # a runtime schedule's task (None: a coded job)
 
     @property
     def state(self) -> str:
@@ -103,6 +104,7 @@ class JobStatus:
             "quarantined": self.quarantined,
             "quarantined_at": _iso(self.quarantined_at),
             "app": self.app,
+            "task": self.task,
         }
 
 
@@ -159,7 +161,16 @@ def list_jobs(client: Client) -> list[JobStatus]:
     return [
         JobStatus(
             r.job_key,
-            schedule_from_row(r.job_key, r.cron, r.every, r.timezone).describe(),
+            schedule_from_row(
+                r.job_key,
+                r.cron,
+                r.every,
+                r.timezone,
+                run_at=r.run_at,
+                starts_at=r.starts_at,
+                ends_at=r.ends_at,
+                jitter=r.jitter,
+            ).describe(),
             r.ttl,
             r.misfire,
             r.misfire_grace,
@@ -184,6 +195,7 @@ def list_jobs(client: Client) -> list[JobStatus]:
             r.quarantined_at,
             r.quarantine_reason,
             r.app,
+            r.task,
         )
         for r in rows
     ]
@@ -236,9 +248,16 @@ def resume(client: Client, job_key: str, *, channel: str) -> Resumed | None:
         )
         if not job.paused:
             return None
-        first = schedule_from_row(job.job_key, job.cron, job.every, job.timezone).next_after(
-            job.now
-        )
+        first = schedule_from_row(
+            job.job_key,
+            job.cron,
+            job.every,
+            job.timezone,
+            run_at=job.run_at,
+            starts_at=job.starts_at,
+            ends_at=job.ends_at,
+            jitter=job.jitter,
+        ).next_after(job.now)
         resumed = client.fetch_one(
             "sched_resume",
             {"job_key": job_key, "next_slot": first, "revision": job.revision, "channel": channel},

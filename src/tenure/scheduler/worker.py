@@ -67,11 +67,11 @@ from .execution import Run, execute
 from .finisher import Finisher
 from .identity import WorkerIdentity
 from .isolation import GRACE as CHILD_GRACE
-from .registration import register
+from .registration import register, register_tasks
 from .saturation import Saturation
 from .schedules import Plan, Schedule
 from .settings import WorkerSettings
-from .spec import JobSpec
+from .spec import JobSpec, TaskSpec
 from .starter import Starter
 from .vacuum import vacuum_forever
 
@@ -80,16 +80,23 @@ log = logging.getLogger("tenure.scheduler")
 #: Seconds a run's body gets to stop after its cancellation at shutdown before the worker
 #: stops without it (an isolated body: also its child's SIGTERM and SIGKILL graces).
 STOP_WAIT = 1.0
-#: The schema version this worker needs (13: a run of skipped slots is one history row).
-SCHEMA_VERSION = 13
+#: The schema version this worker needs (14: runtime schedules, read by the claim).
+SCHEMA_VERSION = 14
 
 
 class Worker:
     """Runs one app's jobs (``specs``, by key) with ``settings`` until asked to stop."""
 
-    def __init__(self, settings: WorkerSettings, specs: Mapping[str, JobSpec]) -> None:
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        specs: Mapping[str, JobSpec],
+        tasks: Mapping[str, TaskSpec] | None = None,
+    ) -> None:
         self.settings = settings
         self.specs = specs
+        #: The app's tasks (``@app.task``), which its runtime schedules name.
+        self.tasks: Mapping[str, TaskSpec] = {} if tasks is None else tasks
         self.who = WorkerIdentity()
         self.id = self.who.id
         self.shutdown_grace = settings.shutdown_grace
@@ -119,6 +126,7 @@ class Worker:
         self.claimer = Claimer(
             settings,
             specs,
+            tasks=self.tasks,
             starter=self.starter,
             finisher=self.finisher,
             limit=self.limit,
@@ -187,8 +195,11 @@ class Worker:
 
     async def run(self) -> None:
         settings, specs = self.settings, list(self.specs.values())
-        if not specs:
-            raise InvalidArgument("the app defines no jobs: decorate functions with @app.job(...)")
+        if not specs and not self.tasks:
+            raise InvalidArgument(
+                "the app defines no jobs and no tasks: decorate functions with @app.job(...) "
+                "or @app.task(...)"
+            )
         self._client = await connect_async(
             settings.dsn,
             schema=settings.schema,
@@ -211,6 +222,9 @@ class Worker:
                 )
             await register(
                 self.client, specs, defined_by=self.label, app=settings.app, adopt=settings.adopt
+            )
+            await register_tasks(
+                self.client, list(self.tasks), app=settings.app, registered_by=self.label
             )
             # The worker's background tasks, cancelled when it stops.
             listener = listen(
@@ -300,6 +314,8 @@ class Worker:
             lease=lease,
             client=self.client,
             worker_id=self.id,
+            args=claim.args,
+            task=claim.task,
         )
         lease.on_lost(lambda lost: ctx._stop(lost.lost_reason or "the lease is lost"))
         ident = RunIdentity(

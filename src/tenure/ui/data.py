@@ -20,6 +20,12 @@ from ..db.executor import typed
 from ..db.rows import row_of
 from ..db.timeouts import CONNECTION_KWARGS
 from ..errors import DatabaseUnavailable, one_line
+from ..scheduler._async.runtime import (
+    get_schedule_async,
+    list_schedules_async,
+    schedule_changes_async,
+)
+from ..scheduler.definitions import ScheduleChange, ScheduleInfo
 from ..scheduler.schedules import schedule_from_row
 from .queries import ui_queries
 from .rows import JobDetailRow, JobsPageRow
@@ -318,6 +324,10 @@ def _describe(key: str, cron: str | None, every: dt.timedelta | None, tz: str) -
         return cron or str(every)
 
 
+#: Runtime schedules per page of the dashboard.
+SCHEDULES_PAGE = 50
+
+
 class Reader:
     """The dashboard's database access. The pool opens on first use (so the app can be
     mounted without lifespan events) and closes with :meth:`close`."""
@@ -594,3 +604,19 @@ class Reader:
             tuple(DeadMessage(*row) for row in dead),
             now,
         )
+
+    # -- runtime schedules (issue 27): read with the scheduler's own statements -------------
+
+    async def schedules(
+        self, *, search: str | None, after: str, limit: int = SCHEDULES_PAGE
+    ) -> list[ScheduleInfo]:
+        async with self._session() as conn:
+            return await list_schedules_async(
+                conn, after=after, search=search, limit=limit, schema=self.schema
+            )
+
+    async def schedule(self, key: str) -> tuple[ScheduleInfo | None, list[ScheduleChange]]:
+        async with self._session() as conn:
+            info = await get_schedule_async(conn, key, schema=self.schema)
+            changes = await schedule_changes_async(conn, key, limit=50, schema=self.schema)
+        return info, changes
