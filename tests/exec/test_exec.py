@@ -770,3 +770,59 @@ def test_help_lists_exit_codes_and_environment_twins(env: dict[str, str]) -> Non
         "TENURE_LEASE_OWNER",
     ):
         assert needle in text, needle
+
+
+# -- the library inside `tenure exec` -------------------------------------------------------
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_python_child_of_exec_connects_to_the_schema_exec_names(
+    dsn: str, schema: str, client: tenure.Client, flavour: str
+) -> None:
+    """`tenure exec --schema S` exports $TENURE_SCHEMA to its command; a Python child's
+    tenure.connect() / connect_async() without a schema argument use it, so its fenced write
+    lands in S with exec's token (it went to schema 'tenure' before: TokenNotIssued there)."""
+    env = tenure_env(dsn, schema)
+    env.pop("TENURE_SCHEMA")  # named by the flag only: exec exports it to the child
+    if flavour == "async":
+        code = (
+            "import asyncio, os, tenure\n"
+            "token = int(os.environ['TENURE_FENCING_TOKEN'])\n"
+            "async def main():\n"
+            "    c = await tenure.connect_async()\n"
+            "    await c.results.put('job', {'by': 'child'}, token=token)\n"
+            "    await c.close()\n"
+            "asyncio.run(main())\n"
+        )
+    else:
+        code = (
+            "import os, tenure\n"
+            "token = int(os.environ['TENURE_FENCING_TOKEN'])\n"
+            "with tenure.connect() as c:\n"
+            "    c.results.put('job', {'by': 'child'}, token=token)\n"
+        )
+    result = subprocess.run(
+        [PY, "-m", "tenure", "exec", "--schema", schema, "--key", "job", "--", PY, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=PATIENCE,
+    )
+    assert result.returncode == 0, result.stderr
+    stored = client.results.get("job")
+    assert stored is not None and stored.payload == {"by": "child"}
+    assert stored.token == client.inspect("job").token  # type: ignore[union-attr]
+
+
+def test_an_explicit_schema_comes_before_the_environment(
+    dsn: str, schema: str, client: tenure.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TENURE_SCHEMA", "not_this_one")
+    with tenure.connect(dsn, schema=schema) as c:
+        assert c.schema == schema
+    monkeypatch.setenv("TENURE_SCHEMA", schema)
+    with tenure.connect(dsn) as c:
+        assert c.schema == schema
+    monkeypatch.setenv("TENURE_SCHEMA", "")
+    with tenure.connect(dsn) as c:
+        assert c.schema == "tenure"  # unset or empty: the default, as for the commands
