@@ -83,7 +83,7 @@ def test_a_job_removed_from_the_code_is_not_claimed_its_run_is_lost_and_it_can_b
         status = json.loads(run_tenure(["status", "--json"], env).stdout)
         assert {j["job"]: j["defined"] for j in status} == {"gone": False, "keep": True}
         assert "no worker defines it" in run_tenure(["status"], env).stdout
-        assert _dashboard_states(dsn, schema)["gone"] == "undefined"
+        assert _dashboard_states(dsn, schema)["gone"] == "no worker defines it"
 
         # Refused while a live worker of the app defines the job.
         refused = run_tenure(["jobs", "remove", "keep"], env)

@@ -38,6 +38,28 @@ UNDEFINED = "no worker defines it"
 MAX_LIMIT = 100_000
 
 
+#: A job's states, one vocabulary for ``tenure jobs list`` and the dashboard; a job is in the
+#: first that applies (:func:`job_state`).
+JOB_STATES = ("quarantined", "paused", "running", "failing", "idle")
+
+
+def job_state(
+    *, quarantined: bool, paused: bool, running: bool, failed: bool, undefined: bool = False
+) -> str:
+    """no worker defines it (:data:`UNDEFINED`: removed from the code, see
+    scheduler/presence.py), quarantined (paused after crashing, see docs/safety.md), paused,
+    running (a run in progress or unfinished), failing (its last run failed), else idle."""
+    if undefined:
+        return UNDEFINED
+    if quarantined:
+        return "quarantined"
+    if paused:
+        return "paused"
+    if running:
+        return "running"
+    return "failing" if failed else "idle"
+
+
 @dataclass(frozen=True, slots=True)
 class JobStatus:
     """One job as ``tenure jobs list`` shows it (database times)."""
@@ -75,16 +97,14 @@ class JobStatus:
 
     @property
     def state(self) -> str:
-        """no worker defines it, quarantined, paused, running or scheduled (+trigger when one
-        is pending)."""
-        if self.undefined:
-            return UNDEFINED
-        if self.quarantined is not None:
-            state = "quarantined"
-        elif self.paused:
-            state = "paused"
-        else:
-            state = "running" if self.running_slot else "scheduled"
+        """:func:`job_state` (+trigger when one is pending)."""
+        state = job_state(
+            undefined=self.undefined,
+            quarantined=self.quarantined is not None,
+            paused=self.paused,
+            running=self.running_slot is not None,
+            failed=self.last_outcome == "failed",
+        )
         return state + " +trigger" if self.trigger_pending else state
 
     def as_json(self) -> dict[str, Any]:
@@ -332,6 +352,13 @@ def history(client: Client, job_key: str, *, limit: int = 20) -> list[RunRecord]
         doing=f"reading the history of {job_key!r}",
         row=HistoryRow,
     )
+    if not rows:  # no runs yet, or no such job (an error, as for pause and trigger)
+        _require(
+            client.fetch(
+                "sched_get", {"job_key": job_key}, doing=f"reading {job_key!r}", row=JobGetRow
+            ),
+            job_key,
+        )
     return [RunRecord(*row) for row in rows]  # the same fields, in the same order
 
 
