@@ -78,7 +78,7 @@ def test_a_job_removed_from_the_code_is_not_claimed_its_run_is_lost_and_it_can_b
 
         listed = json.loads(run_tenure(["jobs", "list", "--json"], env).stdout)
         states = {j["job"]: j["state"] for j in listed}
-        assert states == {"gone": "no worker defines it", "keep": "scheduled"}
+        assert states == {"gone": "no worker defines it", "keep": "idle"}
         assert "no worker defines it" in run_tenure(["jobs", "list"], env).stdout
         status = json.loads(run_tenure(["status", "--json"], env).stdout)
         assert {j["job"]: j["defined"] for j in status} == {"gone": False, "keep": True}

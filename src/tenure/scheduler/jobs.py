@@ -105,7 +105,9 @@ class JobStatus:
             running=self.running_slot is not None,
             failed=self.last_outcome == "failed",
         )
-        return state + " +trigger" if self.trigger_pending else state
+        # A pending trigger of a job no worker defines runs nowhere: not shown as pending.
+        pending = self.trigger_pending and not self.undefined
+        return state + " +trigger" if pending else state
 
     def as_json(self) -> dict[str, Any]:
         return {
