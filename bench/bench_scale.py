@@ -6,6 +6,8 @@ processes, with no-op jobs every second, every minute and on a cron, printed as 
     python bench/bench_scale.py --rates 5000 10000 --workers 2 --schedules 1s
     python bench/bench_scale.py --compare HEAD~3      # each row also on an older commit
     python bench/bench_scale.py --quick               # 500 runs/s, 1s and 1m, 15 s windows
+    python bench/bench_scale.py --kinds coded runtime # each row with coded jobs and with
+                                                      # as many runtime schedules (issue 27)
 
 A row asks for ``rate`` runs per second: ``rate`` jobs ``every="1s"``, ``rate * 60`` jobs
 ``every="60s"`` (their slots spread over the minute by the job key's phase), or ``rate * 60``
@@ -54,13 +56,15 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from bench_scheduler import HERE, Workers, env_for, pick_dsn
+from bench_scheduler import HERE, Workers, add_runtime, env_for, pick_dsn
 
 SCHEMA = "scale"
 SCHEDULES = {
     "1s": ("every", "1s", 1),
     "1m": ("every", "60s", 60),
     "cron": ("cron", "* * * * *", 60),
+    # 100,000 jobs at ~167 runs/s: the scale of issue 27 at a rate a shared machine keeps up.
+    "10m": ("every", "600s", 600),
 }
 
 
@@ -84,6 +88,7 @@ def worker_env(
     env.update(
         BENCH_CRON=value if kind == "cron" else "",
         BENCH_EVERY=value if kind == "every" else "",
+        BENCH_RUNTIME="1" if args.runtime else "0",
     )
     if src is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(src), env.get("PYTHONPATH", "")]).rstrip(
@@ -251,6 +256,16 @@ def measure(
             timeout=120,
             stdout=subprocess.DEVNULL,
         )
+        added = None
+        if args.runtime:  # the same keys and triggers as runtime schedules, in one statement
+            kind, value, _period = SCHEDULES[schedule]
+            added = add_runtime(
+                dsn,
+                SCHEMA,
+                jobs,
+                cron=value if kind == "cron" else None,
+                every=value if kind == "every" else None,
+            )
         # --stagger: one after another (a worker registering 100,000s of jobs while another
         # claims them may wait on row locks past the 5 s statement timeout; so may several
         # registering at once).
@@ -319,6 +334,8 @@ def measure(
         "workers": workers,
         "schedule": schedule,
         "jobs": jobs,
+        "kind": "runtime" if args.runtime else "coded",
+        "added_s": None if added is None else round(added, 2),
         "window_s": round(seconds, 1),
         "expected": expected,
         "runs": runs,
@@ -350,6 +367,13 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=30.0, help="window, s (65+ for 1m/cron)")
     parser.add_argument("--warmup", type=float, default=5.0, help="seconds before the window")
     parser.add_argument("--async-jobs", action="store_true", help="async no-op jobs")
+    parser.add_argument(
+        "--kinds",
+        nargs="+",
+        default=["coded"],
+        choices=["coded", "runtime"],
+        help="coded jobs (@app.job) and/or as many runtime schedules of one task",
+    )
     parser.add_argument("--compare", metavar="REF", help="also run each row on git REF's src/")
     parser.add_argument("--after", metavar="REF", help="the after side from git REF's src/")
     parser.add_argument("--stagger", action="store_true", help="start workers one at a time")
@@ -376,10 +400,13 @@ def main() -> None:
         sides: list[tuple[str, Path | None]] = [("after", after)]
         if args.compare:
             sides.insert(0, ("before", source_tree(args.compare, Path(tmp) / "before")))
-        rows = itertools.product(args.rates, args.schedules, args.workers)
-        for n, (rate, schedule, workers) in enumerate(rows):
+        rows = itertools.product(args.rates, args.schedules, args.workers, args.kinds)
+        for n, (rate, schedule, workers, kind) in enumerate(rows):
+            args.runtime = kind == "runtime"
             for side, src in sides:
-                say(f"{side}: {rate}/s asked, {schedule}, {workers} workers ...", flush=True)
+                say(
+                    f"{side}: {rate}/s asked, {schedule}, {workers} workers, {kind} ...", flush=True
+                )
                 result = measure(base, rate, workers, schedule, args, src, Path(tmp), f"{n}-{side}")
                 result["side"] = side
                 result["load"] = [round(x, 2) for x in os.getloadavg()]
@@ -391,7 +418,8 @@ def main() -> None:
         print(json.dumps({"rows": results, "load": load}, indent=2, default=str))
     else:
         head = (
-            "| side | asked/s | schedule | workers | jobs | runs/s | late p50 / p99 / max ms "
+            "| side | kind | asked/s | schedule | workers | jobs | runs/s "
+            "| late p50 / p99 / max ms "
             "| skipped | behind | dupes | early | saturated lines | load 1m |"
         )
         print()
@@ -399,7 +427,7 @@ def main() -> None:
         print("|" + "---|" * (head.count("|") - 1))
         for r in results:
             print(
-                f"| {r['side']} | {r['rate']:,} | {r['schedule']} | {r['workers']} | "
+                f"| {r['side']} | {r['kind']} | {r['rate']:,} | {r['schedule']} | {r['workers']} | "
                 f"{r['jobs']:,} | {r['runs_per_s']:,} | {r['p50_ms']:,} / {r['p99_ms']:,} / "
                 f"{r['max_ms']:,} | {r['skipped']:,} | {r['behind']:,} | {r['dupes']} | "
                 f"{r['early']} | {r['saturated_lines']} | {r['load'][0]} |"

@@ -66,6 +66,11 @@ def _build_app() -> tenure.Scheduler | None:
         return None
     built = tenure.Scheduler(concurrency=int(os.environ.get("BENCH_CONCURRENCY", "16")))
     fn = _anoop if os.environ.get("BENCH_ASYNC") == "1" else _noop
+    if os.environ.get("BENCH_RUNTIME") == "1":
+        # Runtime schedules (issue 27): the code has one task, the driver adds the schedules
+        # (add_runtime) under the same keys and triggers as the coded jobs below.
+        built.add_task("noop", fn)
+        return built
     idle = os.environ.get("BENCH_MODE") == "idle"
     # bench_scale.py: BENCH_CRON (all jobs on one cron) or BENCH_EVERY (default 60s).
     cron = os.environ.get("BENCH_CRON") or None
@@ -81,6 +86,21 @@ def _build_app() -> tenure.Scheduler | None:
 
 
 app = _build_app()
+
+
+def add_runtime(
+    dsn: str, schema: str, jobs: int, *, cron: str | None = None, every: str | None = None
+) -> float:
+    """Add ``jobs`` runtime schedules of task "noop" in one statement (the keys and triggers
+    the coded jobs above would have); returns the seconds it took by the database clock."""
+    with tenure.connect(dsn, schema=schema) as client:
+        defs = [
+            tenure.schedule_def(f"job-{i:05d}", task="noop", cron=cron, every=every)
+            for i in range(jobs)
+        ]
+        t0 = client.now()
+        tenure.add_schedules(client, defs)
+        return (client.now() - t0).total_seconds()
 
 
 # -- the driver -------------------------------------------------------------------------------
@@ -179,6 +199,7 @@ def env_for(
         BENCH_MODE=mode,
         BENCH_CONCURRENCY=str(args.concurrency),
         BENCH_ASYNC="1" if args.async_jobs else "0",
+        BENCH_RUNTIME="1" if getattr(args, "runtime", False) else "0",
     )
     return env
 
@@ -193,6 +214,8 @@ def measure_idle(
 ) -> float:
     schema = f"idle_{jobs}"
     migrate(dsn, schema)
+    if args.runtime:
+        add_runtime(dsn, schema, jobs, cron=NEVER)
     workers = Workers(args.workers, env_for(dsn, schema, jobs, "idle", args), logdir, schema)
     try:
         workers.wait_started()
@@ -211,6 +234,8 @@ def measure_load(
 ) -> dict[str, Any]:
     schema = "load"
     migrate(dsn, schema)
+    if args.runtime:
+        add_runtime(dsn, schema, args.jobs, every="60s")
     workers = Workers(args.workers, env_for(dsn, schema, args.jobs, "load", args), logdir, schema)
     try:
         workers.wait_started()
@@ -290,6 +315,9 @@ def main() -> None:
         "--idle-jobs", type=int, nargs=2, default=(10, 10_000), metavar=("SMALL", "LARGE")
     )
     parser.add_argument("--async-jobs", action="store_true", help="async no-op jobs")
+    parser.add_argument(
+        "--runtime", action="store_true", help="runtime schedules of one task, not coded jobs"
+    )
     parser.add_argument("--quick", action="store_true", help="1,000 jobs, 2 workers, short")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     args = parser.parse_args()

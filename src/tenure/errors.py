@@ -81,6 +81,16 @@ class UnknownJob(TenureError, LookupError):
     answer about the database's contents, not a malformed argument."""
 
 
+class ScheduleConflict(TenureError):
+    """A runtime schedule change was refused because of what is stored: the key exists
+    (``if_exists="error"``), is a coded job, or changed since it was read. ``keys``: the
+    refused keys. Nothing was written."""
+
+    def __init__(self, message: str, keys: dict[str, str]) -> None:
+        super().__init__(message)
+        self.keys = keys
+
+
 class ConfigurationError(TenureError):
     """The environment is not set up: no DSN, missing extra, schema not migrated."""
 

@@ -9,13 +9,14 @@ slot across all of them.
 
     scheduler.add_job(sync_invoices, "interval", minutes=5)   # in each of 4 processes
 
-Each call: (1) names its slot by the database clock (``every``: rounded to the nearest
-multiple of the period; ``cron``: the nearest tick), the same rules as ``tenure exec
---every``/``--slot``, and returns at once if that slot already completed; (2) takes the
-job's lease, or returns at once if another process holds it; (3) checks the slot again
-under the lease, runs the function while the lease is renewed in the background, and marks
-the slot done in a transaction fenced by the token. A call that does not run returns
-``None`` and emits a ``job_run`` metric event with outcome ``busy`` or ``already_done``.
+Each call: (1) names its slot by the database clock (``every``: the multiple of the period
+the clock is in; ``cron``: the latest tick; either from ``early``, 2 s, before its time),
+the same rules as ``tenure exec --every``/``--slot``, and returns at once if that slot
+already completed; (2) takes the job's lease, or returns at once if another process holds
+it; (3) checks the slot again under the lease, runs the function while the lease is renewed
+in the background, and marks the slot done in a transaction fenced by the token. A call that
+does not run returns ``None`` and emits a ``job_run`` metric event with outcome ``busy`` or
+``already_done``.
 
 A function that fails leaves its slot open: the next call in the same slot runs it again.
 If the lease is lost while the function runs, the call raises :class:`~tenure.LeaseLost`
@@ -49,7 +50,7 @@ from cronsim import CronSim
 
 from . import metrics
 from .errors import InvalidArgument, LeaseBusy, StaleTokenError, TenureError
-from .exec.slots import check_period, format_slot, record_slot, slot_state
+from .exec.slots import EARLY_TOLERANCE, check_period, format_slot, record_slot, slot_state
 from .leases.context import RunContext, RunResults, SyncStore
 from .validation import Duration, check_job_key, check_schema, check_ttl, parse_duration
 
@@ -122,8 +123,10 @@ class Guard:
         dsn: str | None = None,
         schema: str = "tenure",
         client: Client | None = None,
+        early: float = EARLY_TOLERANCE,
     ) -> None:
         self.key = key
+        self.early = early
         self.every = every
         self.schedule = schedule
         self.slot = slot
@@ -190,12 +193,10 @@ class Guard:
         slot: str | None = None
         open_until: dt.datetime | None = None
         if self.schedule is not None:
-            tick = nearest_tick(self.schedule, client.now())
+            tick, open_until = slot_tick(self.schedule, client.now(), self.early)
             slot = format_slot(tick)
-            # The tick is named while the clock is nearer to it than to the next one.
-            open_until = tick + (self.schedule.next_after(tick) - tick) / 2
         if self.has_slots:
-            state = slot_state(client, self.key, slot or self.slot, self.every)
+            state = slot_state(client, self.key, slot or self.slot, self.every, self.early)
             slot = state.slot
             open_until = open_until or state.open_until
             if state.done:
@@ -287,6 +288,7 @@ def once(
     schema: str = "tenure",
     client: Client | None = None,
     pass_context: bool = False,
+    early: Duration = EARLY_TOLERANCE,
 ) -> Callable[[Callable[..., R]], Callable[..., R | None]]:
     """Decorator: run the function at most once per slot across every process calling it.
 
@@ -296,7 +298,9 @@ def once(
     :func:`tenure.connect` (each process opens one small pool on first call); or pass your
     own ``client``. Coroutine functions are awaited on the caller's loop. A call that does not
     run (slot done, or another process is running it) returns ``None``. ``pass_context``:
-    pass an :class:`OnceContext` as first argument.
+    pass an :class:`OnceContext` as first argument. ``early`` (default 2s, at most half the
+    period): a call this long before a slot's time already runs that slot, so schedulers
+    firing a moment early share it; no slot ever runs earlier than that.
     """
     check_job_key(key)
     check_schema(schema)
@@ -313,8 +317,18 @@ def once(
         from .scheduler.schedules import Schedule
 
         schedule = Schedule.build(key, cron=cron, timezone=timezone)
+    early_s = parse_duration(early, what=f"once {key!r}: early")
+    if early_s < 0:
+        raise InvalidArgument(f"once {key!r}: early must not be negative, got {early!r}")
     guard = Guard(
-        key, every=period, schedule=schedule, ttl=ttl_s, dsn=dsn, schema=schema, client=client
+        key,
+        every=period,
+        schedule=schedule,
+        ttl=ttl_s,
+        dsn=dsn,
+        schema=schema,
+        client=client,
+        early=early_s,
     )
 
     def decorate(fn: Callable[..., R]) -> Callable[..., R | None]:
@@ -346,14 +360,25 @@ def once(
     return decorate
 
 
-def nearest_tick(schedule: Schedule, now: dt.datetime) -> dt.datetime:
-    """The cron tick of ``schedule`` nearest to ``now`` (ties go to the earlier one): the
-    ``every`` rule of ``tenure exec`` (round to the nearest), for cron schedules."""
-    assert schedule.cron is not None, "nearest_tick is for cron schedules"
-    following = schedule.next_after(now)
-    local = now.astimezone(schedule.local(now).tzinfo)
-    previous = next(CronSim(schedule.cron, local, reverse=True)).astimezone(dt.UTC)
-    return previous if now - previous <= following - now else following
+def slot_tick(
+    schedule: Schedule, now: dt.datetime, early: float
+) -> tuple[dt.datetime, dt.datetime]:
+    """The cron tick a call at ``now`` runs, and until when calls name it: the latest tick at
+    or before ``now`` plus the early tolerance (capped at half the gap between the ticks),
+    the ``every`` rule of ``tenure exec`` for cron schedules. No tick runs more than
+    ``early`` seconds before its time."""
+    assert schedule.cron is not None, "slot_tick is for cron schedules"
+
+    def named_from(tick: dt.datetime, before: dt.datetime) -> dt.datetime:
+        # A tick is named from `early` before it on, but never in the first half of its gap.
+        return tick - min(dt.timedelta(seconds=early), (tick - before) / 2)
+
+    ahead = schedule.next_after(now)  # strictly after now
+    local = (now + dt.timedelta(microseconds=1)).astimezone(schedule.local(now).tzinfo)
+    previous = next(CronSim(schedule.cron, local, reverse=True)).astimezone(dt.UTC)  # <= now
+    if now >= named_from(ahead, previous):
+        return ahead, named_from(schedule.next_after(ahead), ahead)
+    return previous, named_from(ahead, previous)
 
 
 # -- one client per process ------------------------------------------------------------------

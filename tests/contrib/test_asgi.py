@@ -85,8 +85,10 @@ def test_startup_fails_when_the_schema_is_not_migrated(dsn: str, schema: str) ->
         async with running(scheduler):
             raise AssertionError("the block must not run without the scheduler")
 
-    with pytest.raises(tenure.SchemaNotReady, match="tenure migrate"):
+    with pytest.raises(tenure.SchemaNotReady, match="tenure migrate") as refused:
         asyncio.run(scenario())
+    # The way to do it where the worker is an app's lifespan, not a command.
+    assert "Scheduler(migrate=True)" in str(refused.value)
 
 
 def free_port() -> int:

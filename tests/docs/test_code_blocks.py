@@ -99,6 +99,8 @@ def compute_report():
 """,
     # The scheduler example defines an app and its jobs; nothing starts a worker.
     "scheduler": "",
+    # docs/schedules.md's task (issue 27): an app with one task, nothing started.
+    "tasks": "import tenure\n",
 }
 CHECKS = {
     "guide": """
@@ -107,6 +109,9 @@ assert stored is not None and stored.payload == {"rows": 42}, stored
 """,
     "scheduler": """
 assert set(app.jobs) == {"nightly-report", "heartbeat"}, app.jobs
+""",
+    "tasks": """
+assert set(app.tasks) == {"reports.send"} and not app.jobs, app.tasks
 """,
 }
 

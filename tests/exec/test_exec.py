@@ -663,16 +663,15 @@ def test_slot_write_refused_after_the_command_succeeded_is_an_error(
     )
 
 
-def test_every_slot_is_the_database_clock_rounded_to_the_period(
+def test_every_slot_is_never_run_more_than_the_early_tolerance_before_its_time(
     env: dict[str, str], client: tenure.Client
 ) -> None:
-    now = client.now()
-    # A period whose slot midpoint (where rounding flips) is far from now: 1h flips at
-    # hh:30, 2h at odd hours; the two are 30 minutes apart, so one of them is safe.
-    minute = now.minute + now.second / 60
-    period = 3600 if abs(minute - 30) > 5 else 7200
-    epoch = now.timestamp()
-    expected = dt.datetime.fromtimestamp(round(epoch / period) * period, dt.UTC)
+    # A period whose current slot began more than half a period ago (by at least a minute),
+    # and whose next one is minutes away: rounding to the nearest multiple would run the
+    # next slot now, minutes early; the slot run is the one that began.
+    epoch = client.now().timestamp()
+    period = next(p for p in range(600, 86_400, 60) if p / 2 + 60 < epoch % p < p - 120)
+    expected = dt.datetime.fromtimestamp(epoch // period * period, dt.UTC)
     run = ["exec", "--key", "job", "--every", f"{period}s", "--", "sh", "-c", "echo $TENURE_SLOT"]
     first = run_tenure(run, env)
     assert first.returncode == 0, first.stderr
@@ -771,3 +770,59 @@ def test_help_lists_exit_codes_and_environment_twins(env: dict[str, str]) -> Non
         "TENURE_LEASE_OWNER",
     ):
         assert needle in text, needle
+
+
+# -- the library inside `tenure exec` -------------------------------------------------------
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_python_child_of_exec_connects_to_the_schema_exec_names(
+    dsn: str, schema: str, client: tenure.Client, flavour: str
+) -> None:
+    """`tenure exec --schema S` exports $TENURE_SCHEMA to its command; a Python child's
+    tenure.connect() / connect_async() without a schema argument use it, so its fenced write
+    lands in S with exec's token (it went to schema 'tenure' before: TokenNotIssued there)."""
+    env = tenure_env(dsn, schema)
+    env.pop("TENURE_SCHEMA")  # named by the flag only: exec exports it to the child
+    if flavour == "async":
+        code = (
+            "import asyncio, os, tenure\n"
+            "token = int(os.environ['TENURE_FENCING_TOKEN'])\n"
+            "async def main():\n"
+            "    c = await tenure.connect_async()\n"
+            "    await c.results.put('job', {'by': 'child'}, token=token)\n"
+            "    await c.close()\n"
+            "asyncio.run(main())\n"
+        )
+    else:
+        code = (
+            "import os, tenure\n"
+            "token = int(os.environ['TENURE_FENCING_TOKEN'])\n"
+            "with tenure.connect() as c:\n"
+            "    c.results.put('job', {'by': 'child'}, token=token)\n"
+        )
+    result = subprocess.run(
+        [PY, "-m", "tenure", "exec", "--schema", schema, "--key", "job", "--", PY, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=PATIENCE,
+    )
+    assert result.returncode == 0, result.stderr
+    stored = client.results.get("job")
+    assert stored is not None and stored.payload == {"by": "child"}
+    assert stored.token == client.inspect("job").token  # type: ignore[union-attr]
+
+
+def test_an_explicit_schema_comes_before_the_environment(
+    dsn: str, schema: str, client: tenure.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TENURE_SCHEMA", "not_this_one")
+    with tenure.connect(dsn, schema=schema) as c:
+        assert c.schema == schema
+    monkeypatch.setenv("TENURE_SCHEMA", schema)
+    with tenure.connect(dsn) as c:
+        assert c.schema == schema
+    monkeypatch.setenv("TENURE_SCHEMA", "")
+    with tenure.connect(dsn) as c:
+        assert c.schema == "tenure"  # unset or empty: the default, as for the commands

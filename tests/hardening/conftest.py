@@ -63,7 +63,10 @@ def seeded(client: tenure.Client, dsn: str, schema: str) -> Seeded:
         tenure.inbox.claim(conn, "seeded-consumer", "k1", schema=schema)
     app = tenure.Scheduler(dsn, schema=schema)
     app.job("seeded-job", cron="0 3 * * *")(_job)
+    app.task("seeded.task")(_job)
     app.register()
+    # A runtime schedule (its recorded change too) and the registered task above.
+    tenure.add_schedule(client, "seeded-schedule", task="seeded.task", every="1h", args={"k": 1})
     seeded = Seeded(client, dsn, schema, lease.token)
     seeded.before = stored(dsn, schema)
     # Every table holds something to protect, except history and live registrations that

@@ -41,7 +41,7 @@ from tests.hardening.hostile import (
     wrong_types,
 )
 
-SEEDED_KEYS = {SEEDED_KEY, "seeded-job"}
+SEEDED_KEYS = {SEEDED_KEY, "seeded-job", "seeded-schedule"}
 
 
 def outcome(call: Callable[[], Any]) -> BaseException | None:

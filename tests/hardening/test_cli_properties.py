@@ -167,6 +167,8 @@ KEY_COMMANDS = {
     "jobs history": ["jobs", "history", "--"],
     "jobs pause": ["jobs", "pause", "--"],
     "jobs trigger": ["jobs", "trigger", "--"],
+    "schedules show": ["schedules", "show", "--"],
+    "schedules remove": ["schedules", "remove", "--"],
 }
 
 
@@ -177,7 +179,7 @@ KEY_COMMANDS = {
 @example(command="jobs history", key="-0")
 def test_key_arguments(seeded: Seeded, cli_runner: CliRunner, command: str, key: str) -> None:
     tried("cli: job keys")
-    if key in (SEEDED_KEY, "seeded-job"):
+    if key in (SEEDED_KEY, "seeded-job", "seeded-schedule"):
         return
     result = _run(cli_runner, [*KEY_COMMANDS[command], key])
     no_traceback(result)

@@ -18,6 +18,13 @@ NEEDS: dict[str, list[str]] = {
     "jobs resume": ["k"],
     "jobs trigger": ["k"],
     "jobs history": ["k"],
+    "schedules add": ["k", "--task", "t", "--every", "1h"],
+    "schedules update": ["k", "--args", "{}"],
+    "schedules remove": ["k"],
+    "schedules pause": ["k"],
+    "schedules resume": ["k"],
+    "schedules show": ["k"],
+    "schedules backfill": ["k", "--from", "2020-01-01T00:00Z", "--to", "2020-01-02T00:00Z"],
 }
 
 

@@ -264,3 +264,41 @@ collector_probe = tenure.Scheduler()
 @collector_probe.job("gc-probe", every="1s", ttl="5s")
 def gc_probe(ctx: tenure.JobContext) -> None:
     record(ctx, f"threshold={gc.get_threshold()[0]} frozen={gc.get_freeze_count() > 0}")
+
+
+# -- tasks: runtime schedules (issue 27): tasks in code, schedules in the database ------------
+# Each run writes an evidence row whose phase is its ctx.args as JSON (sorted keys), so the
+# tests see which definition each run used.
+
+tasks = tenure.Scheduler(name="tasks-app", concurrency=8)
+
+
+def _args_phase(ctx: tenure.JobContext) -> str:
+    import json
+
+    return json.dumps(ctx.args, sort_keys=True)
+
+
+@tasks.task("echo")
+def echo_task(ctx: tenure.JobContext) -> None:
+    record(ctx, _args_phase(ctx))
+
+
+@tasks.task("echo-async")
+async def echo_task_async(ctx: tenure.JobContext) -> None:
+    await record_async(ctx, _args_phase(ctx))
+
+
+@tasks.task("slow-task")
+def slow_task(ctx: tenure.JobContext) -> None:
+    """As ``slow`` above, for a runtime schedule: works SCHED_SLOW seconds, then stores its
+    result (strict fence) and records 'finished'."""
+    record(ctx, "started")
+    time.sleep(float(os.environ.get("SCHED_SLOW", "3")))
+    try:
+        ctx.results.put({"pid": os.getpid(), "token": ctx.token})
+    except tenure.StaleTokenError as exc:
+        print(f"result write rejected: token {exc.token}", file=sys.stderr, flush=True)
+        raise
+    print(f"result write accepted: token {ctx.token}", file=sys.stderr, flush=True)
+    record(ctx, "finished")

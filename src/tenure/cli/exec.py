@@ -179,9 +179,18 @@ def _check_key(ctx: click.Context, param: click.Parameter, value: str) -> str:
     envvar="TENURE_EXEC_EVERY",
     show_envvar=True,
     callback=_check_every,
-    help="Slot = the database clock rounded to the nearest multiple of this period (UTC, "
-    "from the epoch): hosts whose cron fires seconds apart share a slot. Fire near the "
-    "period's boundaries (e.g. */5 with 5m).",
+    help="Slot = the latest multiple of this period (UTC, from the epoch) by the database "
+    "clock plus --early: hosts whose cron fires at or just before the boundary share a slot. "
+    "Fire at the period's boundaries (e.g. */5 with 5m).",
+)
+@click.option(
+    "--early",
+    type=DURATION,
+    default="2s",
+    envvar="TENURE_EXEC_EARLY",
+    show_envvar=True,
+    help="With --every: how long before its time a slot may already run (a cron firing a "
+    "moment early still runs the coming slot). Never more than half the period.",
 )
 @click.option(
     "--metrics-textfile",
@@ -222,6 +231,7 @@ def exec_command(
     busy_exit: int,
     slot: str | None,
     every: int | None,
+    early: float,
     retention: float,
     quiet: bool,
     metrics_textfile: str | None,
@@ -256,6 +266,7 @@ def exec_command(
         busy_exit=busy_exit,
         slot=slot,
         every=every,
+        early=early,
         quiet=quiet,
         dsn=dsn,
         schema=schema,

@@ -18,6 +18,7 @@ from .grants import grants
 from .outbox import outbox, relay
 from .prune import prune
 from .scheduler import jobs, worker
+from .schedules import schedules
 from .ui import ui
 from .verify import verify_command
 
@@ -38,6 +39,7 @@ def cli() -> None:
       tenure grants --role app         the GRANTs an application role needs (least privilege)
       tenure exec --key K -- CMD       run a command under a fenced lease (cron, k8s, systemd)
       tenure worker myapp:app          run a tenure.Scheduler's cron jobs, once per slot
+      tenure schedules add K --task T  a runtime schedule of a task, live on every worker
       tenure relay --webhook T=URL     deliver outbox messages, at least once
       tenure status                    every job: holder token, expiry, runs, failures, p95
       tenure doctor                    check DSN, connectivity, schema, clocks, PgBouncer
@@ -61,6 +63,7 @@ for command in (
     prune,
     worker,
     jobs,
+    schedules,
     observability.doctor,
     verify_command,
     ui,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import warnings
 
-from ..guard import Attempt, Guard, OnceContext, OnceResults, nearest_tick, once
+from ..guard import Attempt, Guard, OnceContext, OnceResults, once, slot_tick
 
 warnings.warn(
     "tenure.contrib.once moved to tenure.guard; import tenure.once and tenure.OnceContext "
@@ -14,4 +14,4 @@ warnings.warn(
     stacklevel=2,
 )
 
-__all__ = ["Attempt", "Guard", "OnceContext", "OnceResults", "nearest_tick", "once"]
+__all__ = ["Attempt", "Guard", "OnceContext", "OnceResults", "once", "slot_tick"]

@@ -39,8 +39,9 @@ TABLES: tuple[TableNeed, ...] = (
     ),
     TableNeed(
         "scheduled_jobs",
-        ("SELECT", "INSERT", "UPDATE"),
-        "`tenure worker` (registration, claims) and `tenure jobs`",
+        ("SELECT", "INSERT", "UPDATE", "DELETE"),
+        "`tenure worker` (registration, claims), `tenure jobs`, `tenure schedules` (DELETE: "
+        "remove)",
     ),
     TableNeed(
         "job_runs",
@@ -69,6 +70,16 @@ TABLES: tuple[TableNeed, ...] = (
         "exec_runs",
         ("SELECT", "INSERT", "UPDATE", "DELETE"),
         "`tenure exec` run history (DELETE: retention), `tenure status`",
+    ),
+    TableNeed(
+        "schedule_tasks",
+        ("SELECT", "INSERT", "UPDATE"),
+        "`tenure worker` (the tasks of @app.task), `tenure schedules add` (unknown tasks)",
+    ),
+    TableNeed(
+        "schedule_changes",
+        ("SELECT", "INSERT"),
+        "every change of a runtime schedule (tenure.add_schedule, `tenure schedules`)",
     ),
 )
 

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from .. import tracing
 from .history import prune_history, record_finish, record_start
 from .output import say
-from .slots import SlotState, record_slot, slot_state
+from .slots import EARLY_TOLERANCE, SlotState, record_slot, slot_state
 from .supervisor import Interrupted, Supervisor, exit_code
 
 if TYPE_CHECKING:
@@ -79,6 +79,8 @@ class ExecRequest:
     schema: str
     #: Exec history older than this (seconds) is pruned, a bounded amount, after each run.
     retention: float = 7 * 86400.0
+    #: With ``every``: how far before its time (seconds) a slot may already run.
+    early: float = EARLY_TOLERANCE
 
 
 def run_with_textfile(request: ExecRequest, path: str) -> int:
@@ -147,7 +149,7 @@ def _run_connected(client: Client, conninfo: str, req: ExecRequest, child: Super
     open_until: dt.datetime | None = None
     if req.slot is not None or req.every is not None:
         # A slot already done needs no token: answer before taking the lease.
-        state = slot_state(client, req.key, req.slot, req.every)
+        state = slot_state(client, req.key, req.slot, req.every, req.early)
         slot, open_until = state.slot, state.open_until
         if state.done:
             metrics.emit(metrics.JOB, req.key, "already_done")

@@ -6,9 +6,10 @@ fenced by the run's token, so only the current holder of the lease can complete 
 successor that took over meanwhile sees the row in its post-acquire check (see
 ``sql/exec.sql``).
 
-Slot names from a period (``every``) are computed by the database clock, rounded to the
-nearest multiple of the period (epoch-aligned, UTC): callers whose clocks or schedulers fire
-a little before or after the boundary share the slot.
+Slot names from a period (``every``) are computed by the database clock: the latest multiple
+of the period (epoch-aligned, UTC) at or before the clock plus an early tolerance (2 s by
+default, at most half the period). Callers whose schedulers fire a moment before or any time
+after the boundary share the slot, and no slot runs more than the tolerance early.
 """
 
 from __future__ import annotations
@@ -77,17 +78,36 @@ def check_slot(value: object) -> str:
     return check_text(value, what="a slot", max_chars=MAX_SLOT)
 
 
+#: How far before a slot's time (seconds) a call may already run it (``tenure exec --every``,
+#: ``@tenure.once``): hosts whose cron fires a moment before the boundary share the slot
+#: about to start, and no call runs a slot earlier than this. Capped at half the period.
+EARLY_TOLERANCE = 2.0
+
+
 def format_slot(instant: dt.datetime) -> str:
     """The name of a slot at ``instant``: UTC, whole seconds, as the SQL writes them."""
     return instant.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def slot_state(client: Client, job_key: str, slot: str | None, every: int | None) -> SlotState:
-    """The slot (named by ``slot``, by the database clock rounded to ``every`` seconds, or
-    ``slot@time`` with both) and whether it already completed, in one round trip."""
+def slot_state(
+    client: Client,
+    job_key: str,
+    slot: str | None,
+    every: int | None,
+    early: float = EARLY_TOLERANCE,
+) -> SlotState:
+    """The slot (named by ``slot``, by the database clock to ``every`` seconds with an early
+    tolerance of ``early`` seconds, or ``slot@time`` with both) and whether it already
+    completed, in one round trip."""
     r = client.fetch(
         "exec_slot_check",
-        {"job_key": job_key, "slot": slot, "every": every, "schema": client.schema},
+        {
+            "job_key": job_key,
+            "slot": slot,
+            "every": every,
+            "early": early,
+            "schema": client.schema,
+        },
         doing=f"checking the schedule slot of {job_key!r}",
         row=SlotCheckRow,
     )[0]
@@ -122,6 +142,7 @@ def record_slot(
 
 
 __all__ = [
+    "EARLY_TOLERANCE",
     "MAX_SLOT",
     "SlotState",
     "check_period",

@@ -53,10 +53,12 @@ from ..validation import (
     check_ttl,
     parse_duration,
 )
+from .definitions import check_task
 from .isolation import importable
+from .registration import register_tasks
 from .schedules import MISFIRE_POLICIES, ON_CRASH_POLICIES, QUARANTINE_AFTER, Policy, Schedule
 from .settings import WorkerSettings
-from .spec import JobFunction, JobSpec
+from .spec import JobFunction, JobSpec, TaskSpec
 from .vacuum import DEFAULT_EVERY as DEFAULT_VACUUM_EVERY
 from .worker import Worker, register
 
@@ -118,11 +120,12 @@ class Scheduler:
         # Where the Scheduler was created: its default name is found there.
         self._module = sys._getframe(1).f_globals.get("__name__", "?")
         self._jobs: dict[str, JobSpec] = {}
+        self._tasks: dict[str, TaskSpec] = {}
         self._worker: Worker | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def __repr__(self) -> str:
-        return f"<Scheduler schema={self.schema!r} jobs={len(self._jobs)}>"
+        return f"<Scheduler schema={self.schema!r} jobs={len(self._jobs)} tasks={len(self._tasks)}>"
 
     @property
     def name(self) -> str:
@@ -136,6 +139,39 @@ class Scheduler:
     @property
     def jobs(self) -> Mapping[str, JobSpec]:
         return MappingProxyType(self._jobs)
+
+    @property
+    def tasks(self) -> Mapping[str, TaskSpec]:
+        return MappingProxyType(self._tasks)
+
+    def task(self, name: str, *, isolation: str = "none") -> Callable[[F], F]:
+        """Decorator: register ``fn(ctx)`` as task ``name``, which runtime schedules name
+        (``tenure.add_schedule(..., task=name)``, ``tenure schedules add KEY --task NAME``).
+        Each run gets the schedule's JSON arguments as ``ctx.args`` (a dict) and its key as
+        ``ctx.job_key``; it is claimed, fenced and recorded like a coded job. ``isolation``:
+        as in :meth:`job`."""
+
+        def register(fn: F) -> F:
+            self.add_task(name, fn, isolation=isolation)
+            return fn
+
+        return register
+
+    def add_task(self, name: str, fn: JobFunction, *, isolation: str = "none") -> TaskSpec:
+        """Register ``fn`` as task ``name`` (the non-decorator form of :meth:`task`)."""
+        check_task(name)
+        if name in self._tasks:
+            raise InvalidArgument(
+                f"task {name!r} is defined twice (by {self._tasks[name].qualname} and "
+                f"{getattr(fn, '__qualname__', fn)!r}); task names must be unique in an app"
+            )
+        if not callable(fn):
+            raise InvalidArgument(f"task {name!r}: {fn!r} is not callable; decorate a function")
+        _check_signature(name, fn)
+        _check_isolation(f"task {name!r}", fn, isolation)
+        spec = TaskSpec(name, fn, isolation)
+        self._tasks[name] = spec
+        return spec
 
     def job(
         self,
@@ -240,16 +276,7 @@ class Scheduler:
                 f"job {key!r}: quarantine_after must be a positive integer (runs in a row that "
                 f"ended with their worker gone) or None for never, got {quarantine_after!r}"
             )
-        if isolation not in ISOLATIONS:
-            raise InvalidArgument(
-                f"job {key!r}: isolation must be one of {', '.join(ISOLATIONS)}, got {isolation!r}"
-            )
-        why = importable(fn) if isolation == "process" else None
-        if why is not None:
-            raise InvalidArgument(
-                f"job {key!r}: isolation='process' imports the function in a child process, "
-                f"but {why}"
-            )
+        _check_isolation(f"job {key!r}", fn, isolation)
         policy = Policy(misfire, grace, on_crash, quarantine_after)
         spec = JobSpec(key, fn, schedule, check_ttl(ttl), policy, isolation)
         self._jobs[key] = spec
@@ -292,6 +319,7 @@ class Scheduler:
         worker = Worker(
             self.settings(concurrency=concurrency, shutdown_grace=shutdown_grace, adopt=adopt),
             self.jobs,
+            self.tasks,
         )
         loop = asyncio.get_running_loop()
         handled: list[signal.Signals] = []
@@ -359,8 +387,9 @@ class Scheduler:
         loop.call_soon_threadsafe(worker.request_stop, cancel)
 
     async def register_async(self, *, adopt: bool = False) -> None:
-        """Register (upsert) the job definitions without running a worker, e.g. in a deploy
-        step. Workers do this when they start. ``adopt``: as in :meth:`run_async`."""
+        """Register (upsert) the job definitions and the task names without running a
+        worker, e.g. in a deploy step. Workers do this when they start. ``adopt``: as in
+        :meth:`run_async`."""
         from ..leases._async.client import connect_async
 
         async with await connect_async(self.dsn, schema=self.schema, migrate=self.migrate) as c:
@@ -371,6 +400,7 @@ class Scheduler:
                 app=self.name,
                 adopt=adopt,
             )
+            await register_tasks(c, list(self._tasks), app=self.name, registered_by="register()")
 
     def register(self, *, adopt: bool = False) -> None:
         asyncio.run(self.register_async(adopt=adopt))
@@ -388,6 +418,18 @@ def _check_signature(key: str, fn: Callable[..., Any]) -> None:
             f"job {key!r}: {getattr(fn, '__qualname__', fn)!r} must accept one argument, the "
             f"JobContext (its signature is {sig})"
         ) from None
+
+
+def _check_isolation(what: str, fn: Callable[..., Any], isolation: str) -> None:
+    if isolation not in ISOLATIONS:
+        raise InvalidArgument(
+            f"{what}: isolation must be one of {', '.join(ISOLATIONS)}, got {isolation!r}"
+        )
+    why = importable(fn) if isolation == "process" else None
+    if why is not None:
+        raise InvalidArgument(
+            f"{what}: isolation='process' imports the function in a child process, but {why}"
+        )
 
 
 def _check_name(name: str) -> str:

@@ -47,6 +47,8 @@ class ProcessJobContext(RunContext):
         self.kind: str = request["kind"]
         self.attempt: int = request["attempt"]
         self.worker_id: str = request["worker_id"]
+        self.args: dict[str, Any] = request.get("args") or {}
+        self.task: str | None = request.get("task")
         self._dsn: str | None = request["dsn"]
         self._client: Client | None = None
         self._lock = threading.Lock()

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .rows import ClaimRow
-from .schedules import JobState, Plan, Policy
+from .schedules import JobState, Plan, Policy, Schedule, schedule_of
 
 if TYPE_CHECKING:
     from .spec import JobSpec
@@ -39,6 +39,15 @@ class Claim:
     quarantine_after: int | None = None
     #: When the lease before this claim ended (expired or released); None: the job's first.
     freed_at: dt.datetime | None = None
+    #: A runtime schedule's definition (migration 14); task None: a coded job.
+    task: str | None = None
+    args: dict[str, Any] | None = None
+    run_at: dt.datetime | None = None
+    starts_at: dt.datetime | None = None
+    ends_at: dt.datetime | None = None
+    jitter: dt.timedelta | None = None
+    max_runs: int | None = None
+    overlap: str | None = None
 
     @classmethod
     def from_rows(cls, lease: ClaimRow, job: ClaimRow) -> Claim:
@@ -55,6 +64,10 @@ class Claim:
             job.trigger_at,
             bool(job.prior_gone),
             job.crash_streak,
+            job.runs_started or 0,
+            job.backfill_next,
+            job.backfill_to,
+            job.freed_at,
         )
         return cls(
             key,
@@ -73,6 +86,32 @@ class Claim:
             job.now,
             job.quarantine_after,
             job.freed_at,
+            job.task,
+            job.args,
+            job.run_at,
+            job.starts_at,
+            job.ends_at,
+            job.jitter,
+            job.max_runs,
+            job.overlap,
+        )
+
+    @property
+    def bounds(self) -> tuple[Any, ...]:
+        """What a runtime schedule adds to the trigger (one-shot, window, jitter)."""
+        return (self.run_at, self.starts_at, self.ends_at, self.jitter)
+
+    def schedule(self) -> Schedule:
+        """The schedule as the claim read it (already validated when it was stored)."""
+        return schedule_of(
+            self.job_key,
+            self.cron,
+            self.every,
+            self.timezone,
+            run_at=self.run_at,
+            starts_at=self.starts_at,
+            ends_at=self.ends_at,
+            jitter=self.jitter,
         )
 
     def due_here(self, slot: dt.datetime) -> dt.datetime:
@@ -94,6 +133,7 @@ class Claim:
         if (
             state.running_slot is None
             and state.trigger_at is None
+            and state.backfill_next is None
             and self.now < state.next_slot < self.lease_until
         ):
             return state.next_slot
@@ -101,7 +141,9 @@ class Claim:
 
     def policy(self) -> Policy:
         grace = None if self.misfire_grace is None else self.misfire_grace.total_seconds()
-        return Policy(self.misfire, grace, self.on_crash, self.quarantine_after)
+        return Policy(
+            self.misfire, grace, self.on_crash, self.quarantine_after, self.overlap, self.max_runs
+        )
 
     def differs_from(self, spec: JobSpec) -> bool:
         mine = (
@@ -198,6 +240,10 @@ def start_params(
             p["prior_error"] = _text(d.prior_error)
         if d.quarantine is not None:
             p["quarantine"] = _text(d.quarantine)
+        if d.backfill_from is not None:
+            p["backfill_from"] = d.backfill_from.isoformat()
+            if d.backfill_next is not None:
+                p["backfill_next"] = d.backfill_next.isoformat()
         plans.append(p)
         for s in d.skipped:
             row = {

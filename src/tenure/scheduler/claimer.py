@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import logging
 from collections.abc import Mapping
+from typing import Any
 
 from .. import metrics
 from .._acompat import monotonic
@@ -22,9 +22,9 @@ from .claim import Claim, claims_from_rows
 from .execution import Run
 from .rows import ClaimRow
 from .saturation import Saturation
-from .schedules import Plan, Schedule, plan, schedule_from_row
+from .schedules import Plan, Schedule, plan
 from .settings import WorkerSettings
-from .spec import JobSpec
+from .spec import JobSpec, TaskSpec
 from .starter import Starter, release_claims
 
 log = logging.getLogger("tenure.scheduler")
@@ -48,6 +48,7 @@ class Claimer(OnClient):
         settings: WorkerSettings,
         specs: Mapping[str, JobSpec],
         *,
+        tasks: Mapping[str, TaskSpec] | None = None,
         starter: Starter,
         running: dict[tuple[str, int], Run],
         wake: asyncio.Event,
@@ -56,6 +57,7 @@ class Claimer(OnClient):
         self.app_name = settings.app
         self.concurrency = settings.concurrency
         self.specs = specs
+        self.tasks: Mapping[str, TaskSpec] = {} if tasks is None else tasks
         self.starter = starter
         self._running = running
         self._wake = wake
@@ -63,7 +65,7 @@ class Claimer(OnClient):
         self._stopping = False
         self._exclude: set[str] = set()
         self._warned: set[tuple[str, int]] = set()
-        self._schedules: dict[tuple[str, str | None, dt.timedelta | None, str], Schedule] = {}
+        self._schedules: dict[tuple[Any, ...], Schedule] = {}
 
     def stop(self) -> None:
         self._stopping = True
@@ -132,12 +134,23 @@ class Claimer(OnClient):
                     await self._wake.wait()
 
     def _schedule(self, claim: Claim) -> Schedule:
-        key = (claim.job_key, claim.cron, claim.every, claim.timezone)
+        key = (claim.job_key, claim.cron, claim.every, claim.timezone, *claim.bounds)
         schedule = self._schedules.get(key)
         if schedule is None:
-            schedule = schedule_from_row(claim.job_key, claim.cron, claim.every, claim.timezone)
+            schedule = claim.schedule()
             self._schedules[key] = schedule
         return schedule
+
+    def _spec(self, claim: Claim) -> JobSpec | None:
+        """The coded job, or the task of a runtime schedule, that runs ``claim``."""
+        if claim.task is None:
+            return self.specs.get(claim.job_key)
+        task = self.tasks.get(claim.task)
+        if task is None:
+            return None
+        return task.for_schedule(
+            claim.job_key, self._schedule(claim), claim.ttl.total_seconds(), claim.policy()
+        )
 
     def _plan_claimed(self, claims: list[Claim], sent: float, received: float) -> None:
         """Plan a claimed batch and queue each plan for the starter at its fire time: at once
@@ -146,11 +159,15 @@ class Claimer(OnClient):
         foreign: list[Claim] = []
         for claim in claims:
             metrics.emit(metrics.ACQUIRE, claim.job_key, "acquired")
-            spec = self.specs.get(claim.job_key)
+            spec = self._spec(claim)
             if spec is None:
                 foreign.append(claim)
                 continue
-            if claim.differs_from(spec) and (claim.job_key, claim.revision) not in self._warned:
+            if (
+                claim.task is None
+                and claim.differs_from(spec)
+                and (claim.job_key, claim.revision) not in self._warned
+            ):
                 self._warned.add((claim.job_key, claim.revision))
                 log.warning(
                     "job %r: the database holds a different definition (revision %d: %s) "
@@ -188,9 +205,10 @@ class Claimer(OnClient):
         for claim in claims:
             if claim.job_key not in self._exclude:
                 log.warning(
-                    "job %r is scheduled in the database but this worker has no function for "
+                    "job %r is scheduled in the database but this worker has no %s for "
                     "it; leaving it to workers that do",
                     claim.job_key,
+                    "function" if claim.task is None else f"task {claim.task!r}",
                     extra={"job": claim.job_key},
                 )
             self._exclude.add(claim.job_key)

@@ -5,7 +5,7 @@ run context of :mod:`tenure.leases.context`; this face adds what a scheduled run
 from __future__ import annotations
 
 import datetime as dt
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..leases.context import LoopStore, RunContext, RunResults
 
@@ -21,6 +21,8 @@ class JobContext(RunContext):
     """What a job function receives: which slot it runs, its token and lease, and fenced
     writes bound to that token.
 
+    * ``args``: a runtime schedule's JSON arguments (a dict; ``{}`` for a coded job) and
+      ``task``: its task's name (None for a coded job).
     * ``job_key``, ``token`` (the fencing token of this run), ``slot`` (the scheduled time, in
       the job's time zone; the trigger time for a manual run), ``kind`` ("scheduled",
       "retry" or "manual"), ``attempt``, ``lease`` (renewed in the background), ``worker_id``.
@@ -44,10 +46,15 @@ class JobContext(RunContext):
         lease: AsyncLease,
         client: AsyncClient,
         worker_id: str,
+        args: dict[str, Any] | None = None,
+        task: str | None = None,
     ) -> None:
         super().__init__(
             job_key=job_key, token=token, schema=client.schema, store=LoopStore(client), lease=lease
         )
+        #: A runtime schedule's JSON arguments ({} for a coded job) and its task's name.
+        self.args: dict[str, Any] = {} if args is None else args
+        self.task = task
         self.slot = slot
         self.kind = kind
         self.attempt = attempt

@@ -61,6 +61,8 @@ async def run_isolated(spec: JobSpec, ctx: JobContext, conninfo: str | None) -> 
         "kind": ctx.kind,
         "attempt": ctx.attempt,
         "worker_id": ctx.worker_id,
+        "args": ctx.args,
+        "task": ctx.task,
         "report_fd": write_fd,
     }
     try:

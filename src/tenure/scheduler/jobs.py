@@ -32,6 +32,23 @@ if TYPE_CHECKING:
 MAX_LIMIT = 100_000
 
 
+#: A job's states, one vocabulary for ``tenure jobs list`` and the dashboard; a job is in the
+#: first that applies (:func:`job_state`).
+JOB_STATES = ("quarantined", "paused", "running", "failing", "idle")
+
+
+def job_state(*, quarantined: bool, paused: bool, running: bool, failed: bool) -> str:
+    """quarantined (paused after crashing, see docs/safety.md), paused, running (a run in
+    progress or unfinished), failing (its last run failed), else idle."""
+    if quarantined:
+        return "quarantined"
+    if paused:
+        return "paused"
+    if running:
+        return "running"
+    return "failing" if failed else "idle"
+
+
 @dataclass(frozen=True, slots=True)
 class JobStatus:
     """One job as ``tenure jobs list`` shows it (database times)."""
@@ -62,16 +79,17 @@ class JobStatus:
     quarantined_at: dt.datetime | None = None
     quarantined: str | None = None  # the reason, while quarantined
     app: str | None = None  # the app that owns the definition (None: not stamped yet)
+    task: str | None = None  # a runtime schedule's task (None: a coded job)
 
     @property
     def state(self) -> str:
-        """quarantined, paused, running or scheduled (+trigger when one is pending)."""
-        if self.quarantined is not None:
-            state = "quarantined"
-        elif self.paused:
-            state = "paused"
-        else:
-            state = "running" if self.running_slot else "scheduled"
+        """:func:`job_state` (+trigger when one is pending)."""
+        state = job_state(
+            quarantined=self.quarantined is not None,
+            paused=self.paused,
+            running=self.running_slot is not None,
+            failed=self.last_outcome == "failed",
+        )
         return state + " +trigger" if self.trigger_pending else state
 
     def as_json(self) -> dict[str, Any]:
@@ -103,6 +121,7 @@ class JobStatus:
             "quarantined": self.quarantined,
             "quarantined_at": _iso(self.quarantined_at),
             "app": self.app,
+            "task": self.task,
         }
 
 
@@ -159,7 +178,16 @@ def list_jobs(client: Client) -> list[JobStatus]:
     return [
         JobStatus(
             r.job_key,
-            schedule_from_row(r.job_key, r.cron, r.every, r.timezone).describe(),
+            schedule_from_row(
+                r.job_key,
+                r.cron,
+                r.every,
+                r.timezone,
+                run_at=r.run_at,
+                starts_at=r.starts_at,
+                ends_at=r.ends_at,
+                jitter=r.jitter,
+            ).describe(),
             r.ttl,
             r.misfire,
             r.misfire_grace,
@@ -184,6 +212,7 @@ def list_jobs(client: Client) -> list[JobStatus]:
             r.quarantined_at,
             r.quarantine_reason,
             r.app,
+            r.task,
         )
         for r in rows
     ]
@@ -236,9 +265,16 @@ def resume(client: Client, job_key: str, *, channel: str) -> Resumed | None:
         )
         if not job.paused:
             return None
-        first = schedule_from_row(job.job_key, job.cron, job.every, job.timezone).next_after(
-            job.now
-        )
+        first = schedule_from_row(
+            job.job_key,
+            job.cron,
+            job.every,
+            job.timezone,
+            run_at=job.run_at,
+            starts_at=job.starts_at,
+            ends_at=job.ends_at,
+            jitter=job.jitter,
+        ).next_after(job.now)
         resumed = client.fetch_one(
             "sched_resume",
             {"job_key": job_key, "next_slot": first, "revision": job.revision, "channel": channel},

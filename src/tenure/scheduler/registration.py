@@ -80,6 +80,9 @@ async def register(
         wrote=True,
         row=RegisteredRow,
     )
+    scheduled = {row.job_key: row.task for row in rows if row.conflict and row.task is not None}
+    if scheduled:
+        raise _scheduled_refusal(scheduled, client.schema)
     conflicts = {row.job_key: row.app for row in rows if row.conflict and row.app is not None}
     if conflicts:
         raise _refusal(conflicts, app, client.schema)
@@ -131,6 +134,33 @@ async def register(
                 next_slot.isoformat(),
                 extra={"job": key},
             )
+
+
+def _scheduled_refusal(keys: dict[str, str], schema: str) -> JobOwnedByAnotherApp:
+    named = ", ".join(repr(k) for k in sorted(keys)[:CONFLICTS_NAMED])
+    if len(keys) > CONFLICTS_NAMED:
+        named += f" and {len(keys) - CONFLICTS_NAMED} more"
+    message = (
+        f"job key {named} is a runtime schedule in schema {schema!r} (added with "
+        "`tenure schedules add`), not a coded job; nothing was registered. Rename the job "
+        "in code, or remove the schedule first with `tenure schedules remove KEY`"
+    )
+    return JobOwnedByAnotherApp(message, {k: f"schedule of task {t!r}" for k, t in keys.items()})
+
+
+async def register_tasks(
+    client: AsyncClient, tasks: list[str], *, app: str, registered_by: str
+) -> None:
+    """Record the tasks app ``app``'s workers run (``@app.task``), so that a schedule naming
+    a task no worker of the app has is refused when it is added."""
+    if not tasks:
+        return
+    await client.fetch(
+        "sched_register_tasks",
+        {"app": app, "tasks": sorted(tasks), "registered_by": registered_by},
+        doing="registering tasks",
+        wrote=True,
+    )
 
 
 def _refusal(conflicts: dict[str, str], app: str, schema: str) -> JobOwnedByAnotherApp:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ..db.rows import row_of
 
@@ -43,6 +43,18 @@ class ClaimRow(NamedTuple):
     crash_streak: int
     quarantine_after: int | None
     freed_at: dt.datetime | None
+    # A runtime schedule's definition (migration 14; NULL for a coded job).
+    task: str | None
+    args: dict[str, Any] | None
+    run_at: dt.datetime | None
+    starts_at: dt.datetime | None
+    ends_at: dt.datetime | None
+    jitter: dt.timedelta | None
+    max_runs: int | None
+    runs_started: int
+    overlap: str | None
+    backfill_next: dt.datetime | None
+    backfill_to: dt.datetime | None
 
 
 @row_of("sched_register")
@@ -69,6 +81,8 @@ class RegisteredRow(NamedTuple):
     redefined: bool
     conflict: bool
     notified: object
+    #: A conflict with a runtime schedule's key: its task (code never takes that key over).
+    task: str | None
 
 
 @row_of("sched_finish")
@@ -116,6 +130,11 @@ class JobListRow(NamedTuple):
     quarantined_at: dt.datetime | None
     quarantine_reason: str | None
     app: str | None
+    task: str | None
+    run_at: dt.datetime | None
+    starts_at: dt.datetime | None
+    ends_at: dt.datetime | None
+    jitter: dt.timedelta | None
 
 
 @row_of("sched_get")
@@ -132,6 +151,10 @@ class JobGetRow(NamedTuple):
     trigger_at: dt.datetime | None
     now: dt.datetime
     quarantine_reason: str | None
+    run_at: dt.datetime | None
+    starts_at: dt.datetime | None
+    ends_at: dt.datetime | None
+    jitter: dt.timedelta | None
 
 
 @row_of("sched_pause")

@@ -28,6 +28,7 @@ import hashlib
 import zoneinfo
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from cronsim import CronSim, CronSimError
 
@@ -52,6 +53,12 @@ MAX_ATTEMPTS = 3
 QUARANTINE_AFTER = 3
 #: Smallest ``every`` interval.
 MIN_EVERY = 1.0
+#: The next slot of a schedule that has no more (a one-shot that ran, past its end, out of
+#: runs): far enough from PostgreSQL's limits that adding an interval to it stays in range.
+NEVER = dt.datetime(9999, 1, 1, tzinfo=UTC)
+#: Overlap policies of a runtime schedule (docs/schedules.md): a slot that comes while the
+#: previous run still holds the lease is skipped, or run once after it.
+OVERLAP_POLICIES = ("skip", "buffer_one")
 
 _ALIASES = {
     "@yearly": "0 0 1 1 *",
@@ -116,13 +123,21 @@ def phase_of(job_key: str, interval_us: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Schedule:
-    """When one job fires. Exactly one of ``cron`` (in ``timezone``) and ``every_us``."""
+    """When one job fires. Exactly one of ``cron`` (in ``timezone``), ``every_us`` and
+    ``run_at`` (a one-shot: runtime schedules only). Bounds (runtime schedules): no slot
+    before ``starts_at`` nor after ``ends_at``; each slot is moved later by a stable offset in
+    [0, ``jitter_us``) derived from key and slot (shorter than the gap between slots, so the
+    slots stay in order). A schedule with no more slots yields :data:`NEVER`."""
 
     job_key: str
     cron: str | None = None
     every_us: int | None = None
     timezone: str = "UTC"
     phase_us: int = field(default=0, compare=False)
+    run_at: dt.datetime | None = None
+    starts_at: dt.datetime | None = None
+    ends_at: dt.datetime | None = None
+    jitter_us: int = 0
 
     @classmethod
     def build(
@@ -163,18 +178,64 @@ class Schedule:
         return None if self.every_us is None else dt.timedelta(microseconds=self.every_us)
 
     def describe(self) -> str:
-        if self.every_us is not None:
-            return f"every {self.every_us / 1e6:g}s"
-        return f"cron {self.cron!r} {self.timezone}"
+        if self.run_at is not None:
+            text = f"at {self.run_at.isoformat()}"
+        elif self.every_us is not None:
+            text = f"every {self.every_us / 1e6:g}s"
+        else:
+            text = f"cron {self.cron!r} {self.timezone}"
+        if self.starts_at is not None:
+            text += f" from {self.starts_at.isoformat()}"
+        if self.ends_at is not None:
+            text += f" until {self.ends_at.isoformat()}"
+        if self.jitter_us:
+            text += f" jitter {self.jitter_us / 1e6:g}s"
+        return text
+
+    @property
+    def bounded(self) -> bool:
+        """Whether slots are moved, bounded or single (a runtime schedule's options)."""
+        return bool(self.run_at is not None or self.starts_at or self.ends_at or self.jitter_us)
 
     def next_after(self, instant: dt.datetime) -> dt.datetime:
         """The first slot strictly after ``instant`` (aware), as an aware UTC datetime."""
         return next(self.iter_after(instant))
 
     def iter_after(self, instant: dt.datetime) -> Iterator[dt.datetime]:
-        """Slots strictly after ``instant``, strictly increasing, as aware UTC datetimes."""
+        """Slots strictly after ``instant``, strictly increasing, as aware UTC datetimes;
+        :data:`NEVER` for ever once a bounded schedule has no more."""
         if instant.tzinfo is None:
             raise ValueError("slot maths needs an aware datetime")
+        if not self.bounded:
+            yield from self._slots_after(instant)
+            return
+        jitter = dt.timedelta(microseconds=self.jitter_us)
+        # The nominal slots from jitter before the instant: a jittered slot after the
+        # instant may have a nominal one before it.
+        since = instant - jitter
+        if self.starts_at is not None and since < self.starts_at:
+            since = self.starts_at - _US
+        nominal = iter((self.run_at,)) if self.run_at is not None else self._slots_after(since)
+        for slot in nominal:
+            if slot <= since:
+                continue
+            if self.ends_at is not None and slot > self.ends_at:
+                break
+            moved = slot + self.offset(slot)
+            if moved > instant:
+                yield moved
+        while True:
+            yield NEVER
+
+    def offset(self, slot: dt.datetime) -> dt.timedelta:
+        """The jitter of ``slot``: stable across processes, in [0, jitter)."""
+        if not self.jitter_us:
+            return dt.timedelta(0)
+        text = f"{self.job_key}\x00{(slot - EPOCH) // _US}".encode()
+        digest = hashlib.sha256(text).digest()
+        return dt.timedelta(microseconds=int.from_bytes(digest[:8], "big") % self.jitter_us)
+
+    def _slots_after(self, instant: dt.datetime) -> Iterator[dt.datetime]:
         if self.every_us is not None:
             step = self.every_us
             since = (instant - EPOCH) // _US - self.phase_us
@@ -192,9 +253,58 @@ class Schedule:
                 last = slot
                 yield slot
 
+    def min_gap(self, after: dt.datetime, samples: int = 64) -> dt.timedelta | None:
+        """The shortest gap between the next ``samples`` nominal slots (None: one-shot)."""
+        if self.run_at is not None:
+            return None
+        if self.every_us is not None:
+            return dt.timedelta(microseconds=self.every_us)
+        slots = self._slots_after(after)
+        prev = next(slots)
+        gap: dt.timedelta | None = None
+        for _ in range(samples):
+            slot = next(slots)
+            gap = slot - prev if gap is None else min(gap, slot - prev)
+            prev = slot
+        return gap
+
     def local(self, slot: dt.datetime) -> dt.datetime:
         """``slot`` in the job's time zone (what a job sees as ``ctx.slot``)."""
         return slot.astimezone(zone(self.timezone))
+
+
+def schedule_of(
+    job_key: str,
+    cron: str | None,
+    every: dt.timedelta | None,
+    timezone: str,
+    *,
+    run_at: dt.datetime | None = None,
+    starts_at: dt.datetime | None = None,
+    ends_at: dt.datetime | None = None,
+    jitter: dt.timedelta | None = None,
+) -> Schedule:
+    """The schedule a stored row describes (already validated when it was stored)."""
+    jitter_us = 0 if jitter is None else jitter // _US
+    if every is not None:
+        interval = every // _US
+        return Schedule(
+            job_key,
+            every_us=interval,
+            phase_us=phase_of(job_key, interval),
+            starts_at=starts_at,
+            ends_at=ends_at,
+            jitter_us=jitter_us,
+        )
+    return Schedule(
+        job_key,
+        cron=cron,
+        timezone=timezone,
+        run_at=run_at,
+        starts_at=starts_at,
+        ends_at=ends_at,
+        jitter_us=jitter_us,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +315,10 @@ class Policy:
     misfire_grace: float | None = None
     on_crash: str = "retry"
     quarantine_after: int | None = QUARANTINE_AFTER  # None: never quarantine
+    #: A runtime schedule's: what a slot that came while the previous run held the lease
+    #: does (None: as any missed slot, the misfire policy decides), and its most runs.
+    overlap: str | None = None
+    max_runs: int | None = None
 
     def grace(self) -> float:
         if self.misfire_grace is not None:
@@ -228,6 +342,14 @@ class JobState:
     prior_gone: bool = False
     #: Consecutive runs that ended with their worker gone, before this claim.
     crash_streak: int = 0
+    #: Scheduled runs started so far (counted against ``Policy.max_runs``).
+    runs_started: int = 0
+    #: A backfill in progress: its next slot to run, and its last.
+    backfill_next: dt.datetime | None = None
+    backfill_to: dt.datetime | None = None
+    #: When the lease before this claim ended: with ``Policy.overlap``, slots up to it came
+    #: while the previous run still held the job.
+    freed_at: dt.datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,6 +380,10 @@ class Plan:
     prior_error: str | None = None
     crash_streak: int = 0  # the job's streak of runs whose worker was gone, after this claim
     quarantine: str | None = None  # quarantine the job (pause it) with this reason
+    #: This plan runs the backfill slot ``backfill_from``; the backfill continues at
+    #: ``backfill_next`` (None: it is over).
+    backfill_from: dt.datetime | None = None
+    backfill_next: dt.datetime | None = None
 
 
 class Due:
@@ -270,7 +396,9 @@ class Due:
 
     def __init__(self, schedule: Schedule, first: dt.datetime, now: dt.datetime) -> None:
         self.first = first
-        self.step: dt.timedelta | None = schedule.every
+        # Arithmetic only for a plain every schedule: a runtime schedule's jitter, end or
+        # one-shot moves or ends its slots.
+        self.step: dt.timedelta | None = None if schedule.bounded else schedule.every
         self._listed: list[dt.datetime] = []
         if self.step is not None:
             self.count = (now - first) // self.step + 1
@@ -282,6 +410,14 @@ class Due:
 
     def slot(self, i: int) -> dt.datetime:
         return self._listed[i] if self.step is None else self.first + i * self.step
+
+    def count_until(self, instant: dt.datetime) -> int:
+        """How many of the due slots are at or before ``instant``."""
+        if instant < self.first:
+            return 0
+        if self.step is not None:
+            return min(self.count, (instant - self.first) // self.step + 1)
+        return sum(1 for slot in self._listed if slot <= instant)
 
     def first_within(self, now: dt.datetime, grace: float) -> int:
         """The index of the oldest slot at most ``grace`` seconds late (``count``: none)."""
@@ -320,14 +456,16 @@ def plan(schedule: Schedule, policy: Policy, state: JobState, now: dt.datetime, 
 
     Order: a run left unfinished by a dead holder first (retry or abandon; quarantine the job
     when too many runs in a row ended with their worker gone), then due scheduled slots
-    (misfire policy), then a pending manual trigger. At most one slot runs per claim;
-    anything left over keeps the job due, so the next claim continues.
+    (overlap, then misfire policy), then the next slot of a backfill, then a pending manual
+    trigger. At most one slot runs per claim; anything left over keeps the job due, so the
+    next claim continues.
     """
     skipped: list[Skipped] = []
     done: dt.datetime | None = None
     prior_token: int | None = None
     prior_error: str | None = None
     streak = state.crash_streak
+    unscheduled = ("manual", "backfill")  # kinds whose slot is not one the schedule moves past
 
     if state.running_slot is not None:
         prior_token = state.running_token
@@ -356,7 +494,7 @@ def plan(schedule: Schedule, policy: Policy, state: JobState, now: dt.datetime, 
             prior_error = f"{ended}; not retried: the job is {reason}"
             slot_kind = state.running_kind or "scheduled"
             return Plan(
-                done_slot=None if state.running_kind == "manual" else state.running_slot,
+                done_slot=None if state.running_kind in unscheduled else state.running_slot,
                 skipped=(Skipped(state.running_slot, slot_kind, "abandoned", reason),),
                 prior_token=prior_token,
                 prior_error=prior_error,
@@ -366,8 +504,9 @@ def plan(schedule: Schedule, policy: Policy, state: JobState, now: dt.datetime, 
         if policy.on_crash == "retry" and attempt <= MAX_ATTEMPTS:
             return Plan(
                 run_slot=state.running_slot,
-                # A manual run stays manual: its slot is the trigger time, not a schedule slot.
-                run_kind="manual" if state.running_kind == "manual" else "retry",
+                # A manual run stays manual (its slot is the trigger time, not a schedule
+                # slot), a backfill run stays a backfill run.
+                run_kind=state.running_kind if state.running_kind in unscheduled else "retry",
                 attempt=attempt,
                 prior_token=prior_token,
                 prior_error=f"{ended}; retried with token {token}",
@@ -382,8 +521,19 @@ def plan(schedule: Schedule, policy: Policy, state: JobState, now: dt.datetime, 
         skipped.append(
             Skipped(state.running_slot, state.running_kind or "scheduled", "abandoned", prior_error)
         )
-        if state.running_kind != "manual":
+        if state.running_kind not in unscheduled:
             done = state.running_slot
+
+    def made(**decided: Any) -> Plan:
+        """The plan, with what every plan of this claim carries (read when it is made)."""
+        return Plan(
+            done_slot=done,
+            skipped=tuple(skipped),
+            prior_token=prior_token,
+            prior_error=prior_error,
+            crash_streak=streak,
+            **decided,
+        )
 
     run_slot: dt.datetime | None = None
     next_slot: dt.datetime | None = None
@@ -394,9 +544,41 @@ def plan(schedule: Schedule, policy: Policy, state: JobState, now: dt.datetime, 
         first = schedule.next_after(floor)
         next_slot = first
     if first <= now:
-        due = Due(schedule, first, now)
+        missed = 0
+        due: Due | None = Due(schedule, first, now)
+        assert due is not None
         grace = policy.grace()
-        if policy.misfire == "all":
+        if policy.overlap is not None and state.freed_at is not None:
+            # Slots that came while the previous run held the lease: skipped, or the newest
+            # of them run once after it (buffer_one) when no slot after it is due.
+            held = due.count_until(state.freed_at)
+            if held:
+                if held == due.count and policy.overlap == "buffer_one" and not due.capped:
+                    run_slot = due.slot(held - 1)
+                    held -= 1
+                if held:
+                    last = due.slot(held - 1)
+                    skipped.append(
+                        Skipped(
+                            due.slot(0),
+                            "scheduled",
+                            "misfire_skipped",
+                            f"{held} slot(s) came while the previous run held the job "
+                            f"(overlap={policy.overlap!r})",
+                            held,
+                            None if held == 1 else last,
+                        )
+                    )
+                    done = max(last, done) if done is not None else last
+                next_slot = due.following
+                due = (
+                    Due(schedule, due.slot(held), now)
+                    if run_slot is None and held < due.count
+                    else None
+                )
+        if due is None:
+            pass
+        elif policy.misfire == "all":
             # The oldest slot within the grace runs; the ones before it are missed.
             missed = due.first_within(now, grace)
             if missed < due.count:
@@ -410,7 +592,7 @@ def plan(schedule: Schedule, policy: Policy, state: JobState, now: dt.datetime, 
                 run_slot = newest
             missed = due.count if run_slot is None else due.count - 1
             next_slot = due.following
-        if missed:
+        if due is not None and missed:
             # One record for the whole run of missed slots (issue 31: a row per slot was
             # 3,600 rows for an hour of an every-1s job's downtime).
             oldest, last = due.slot(0), due.slot(missed - 1)
@@ -432,38 +614,46 @@ def plan(schedule: Schedule, policy: Policy, state: JobState, now: dt.datetime, 
                 )
             )
             done = max(last, done) if done is not None else last
+        if run_slot is not None and policy.max_runs is not None:
+            if state.runs_started >= policy.max_runs:
+                skipped.append(
+                    Skipped(
+                        run_slot,
+                        "scheduled",
+                        "misfire_skipped",
+                        f"not run: max_runs={policy.max_runs} already started",
+                    )
+                )
+                done = run_slot if done is None else max(done, run_slot)
+                run_slot, next_slot = None, NEVER
+            elif state.runs_started + 1 >= policy.max_runs:
+                next_slot = NEVER  # this is the last run
         if run_slot is not None:
-            return Plan(
+            return made(
                 run_slot=run_slot,
                 run_kind="scheduled",
                 next_slot=next_slot,
-                done_slot=done,
-                skipped=tuple(skipped),
-                prior_token=prior_token,
-                prior_error=prior_error,
-                crash_streak=streak,
             )
 
+    if state.backfill_next is not None:
+        after = schedule.next_after(state.backfill_next)
+        to = state.backfill_to
+        return made(
+            run_slot=state.backfill_next,
+            run_kind="backfill",
+            next_slot=next_slot,
+            backfill_from=state.backfill_next,
+            backfill_next=after if to is not None and after <= to else None,
+        )
+
     if state.trigger_at is not None:
-        return Plan(
+        return made(
             run_slot=state.trigger_at,
             run_kind="manual",
             next_slot=next_slot,
-            done_slot=done,
             trigger_at=state.trigger_at,
-            skipped=tuple(skipped),
-            prior_token=prior_token,
-            prior_error=prior_error,
-            crash_streak=streak,
         )
-    return Plan(
-        next_slot=next_slot,
-        done_slot=done,
-        skipped=tuple(skipped),
-        prior_token=prior_token,
-        prior_error=prior_error,
-        crash_streak=streak,
-    )
+    return made(next_slot=next_slot)
 
 
 def _grace_text(policy: Policy) -> str:
@@ -473,11 +663,13 @@ def _grace_text(policy: Policy) -> str:
 
 
 def schedule_from_row(
-    job_key: str, cron: str | None, every: dt.timedelta | None, timezone: str
+    job_key: str,
+    cron: str | None,
+    every: dt.timedelta | None,
+    timezone: str,
+    **bounds: Any,
 ) -> Schedule:
     """The schedule stored in the database (already validated when it was registered): the
-    worker, the dashboard and the exporter read it from ``jobs`` rows."""
-    if every is not None:
-        interval = every // _US
-        return Schedule(job_key, every_us=interval, phase_us=phase_of(job_key, interval))
-    return Schedule(job_key, cron=cron, timezone=timezone)
+    worker, the dashboard and the exporter read it from ``jobs`` rows; ``bounds``: a runtime
+    schedule's ``run_at``, ``starts_at``, ``ends_at``, ``jitter``."""
+    return schedule_of(job_key, cron, every, timezone, **bounds)

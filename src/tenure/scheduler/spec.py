@@ -33,3 +33,22 @@ class JobSpec:
     @property
     def qualname(self) -> str:
         return f"{getattr(self.fn, '__module__', '?')}.{getattr(self.fn, '__qualname__', '?')}"
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSpec:
+    """A task an app registered (``@app.task``): what a runtime schedule names. Its
+    schedules live in the database (``tenure schedules add``); the run's ``ctx.args`` are
+    the schedule's arguments."""
+
+    name: str
+    fn: JobFunction
+    isolation: str = "none"
+
+    @property
+    def qualname(self) -> str:
+        return f"{getattr(self.fn, '__module__', '?')}.{getattr(self.fn, '__qualname__', '?')}"
+
+    def for_schedule(self, key: str, schedule: Schedule, ttl: float, policy: Policy) -> JobSpec:
+        """The job spec of one claimed schedule of this task."""
+        return JobSpec(key, self.fn, schedule, ttl, policy, self.isolation)

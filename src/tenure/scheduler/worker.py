@@ -63,26 +63,33 @@ from .context import JobContext
 from .execution import Run, execute
 from .finisher import Finisher
 from .identity import WorkerIdentity
-from .registration import register
+from .registration import register, register_tasks
 from .saturation import Saturation
 from .schedules import Plan, Schedule
 from .settings import WorkerSettings
-from .spec import JobSpec
+from .spec import JobSpec, TaskSpec
 from .starter import Starter
 from .vacuum import vacuum_forever
 
 log = logging.getLogger("tenure.scheduler")
 
-#: The schema version this worker needs (13: a run of skipped slots is one history row).
-SCHEMA_VERSION = 13
+#: The schema version this worker needs (14: runtime schedules, read by the claim).
+SCHEMA_VERSION = 14
 
 
 class Worker:
     """Runs one app's jobs (``specs``, by key) with ``settings`` until asked to stop."""
 
-    def __init__(self, settings: WorkerSettings, specs: Mapping[str, JobSpec]) -> None:
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        specs: Mapping[str, JobSpec],
+        tasks: Mapping[str, TaskSpec] | None = None,
+    ) -> None:
         self.settings = settings
         self.specs = specs
+        #: The app's tasks (``@app.task``), which its runtime schedules name.
+        self.tasks: Mapping[str, TaskSpec] = {} if tasks is None else tasks
         self.who = WorkerIdentity()
         self.id = self.who.id
         self.shutdown_grace = settings.shutdown_grace
@@ -104,6 +111,7 @@ class Worker:
         self.claimer = Claimer(
             settings,
             specs,
+            tasks=self.tasks,
             starter=self.starter,
             running=self._running,
             wake=self._wake,
@@ -174,8 +182,11 @@ class Worker:
 
     async def run(self) -> None:
         settings, specs = self.settings, list(self.specs.values())
-        if not specs:
-            raise InvalidArgument("the app defines no jobs: decorate functions with @app.job(...)")
+        if not specs and not self.tasks:
+            raise InvalidArgument(
+                "the app defines no jobs and no tasks: decorate functions with @app.job(...) "
+                "or @app.task(...)"
+            )
         self._client = await connect_async(
             settings.dsn,
             schema=settings.schema,
@@ -192,11 +203,15 @@ class Worker:
             if version is None or version < SCHEMA_VERSION:
                 raise SchemaNotReady(
                     f"schema {settings.schema!r} on {self.client.where} has no scheduler tables "
-                    f"(version {version}, need {SCHEMA_VERSION}); run `tenure migrate` or "
-                    "start the worker with --migrate"
+                    f"(version {version}, need {SCHEMA_VERSION}); run `tenure migrate`, or "
+                    "start the worker with --migrate (in your own process: "
+                    "Scheduler(migrate=True))"
                 )
             await register(
                 self.client, specs, defined_by=self.label, app=settings.app, adopt=settings.adopt
+            )
+            await register_tasks(
+                self.client, list(self.tasks), app=settings.app, registered_by=self.label
             )
             # The worker's background tasks, cancelled when it stops.
             listener = listen(
@@ -285,6 +300,8 @@ class Worker:
             lease=lease,
             client=self.client,
             worker_id=self.id,
+            args=claim.args,
+            task=claim.task,
         )
         lease.on_lost(lambda lost: ctx._stop(lost.lost_reason or "the lease is lost"))
         ident = RunIdentity(

@@ -5,7 +5,8 @@ retry|purge``, on a sync client of their own (run in a worker thread)."""
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from ..db import channels
 from ..scheduler import jobs as ops
@@ -13,7 +14,20 @@ from ..scheduler import jobs as ops
 if TYPE_CHECKING:
     from ..leases._sync.client import Client
 
-ACTIONS = ("pause", "resume", "trigger", "release", "retry", "purge")
+ACTIONS = (
+    "pause",
+    "resume",
+    "trigger",
+    "release",
+    "retry",
+    "purge",
+    "schedule-save",
+    "schedule-pause",
+    "schedule-resume",
+    "schedule-remove",
+)
+#: The trigger kinds of the schedule form.
+TRIGGERS = ("every", "cron", "at")
 
 
 class Actions:
@@ -39,10 +53,12 @@ class Actions:
                 self._client.close()
                 self._client = None
 
-    def run(self, action: str, target: str) -> str:
-        """Do ``action`` on ``target`` (a job key, or an outbox message id); returns what
-        happened, in words."""
+    def run(self, action: str, target: str, form: Mapping[str, str] | None = None) -> str:
+        """Do ``action`` on ``target`` (a job key, or an outbox message id; ``form``: the
+        schedule form's other fields); returns what happened, in words."""
         client = self._get()
+        if action.startswith("schedule-"):
+            return _schedule_action(client, action, target, form or {})
         channel = channels.channel("jobs", self.schema)
         if action == "pause":
             changed = ops.pause(client, target, channel=channel)
@@ -72,3 +88,36 @@ class Actions:
             n = outbox.purge(client, older_than=0, state="dead", ids=[message_id])
             return f"message {message_id}: purged" if n else f"message {message_id}: not dead"
         raise ValueError(f"unknown action {action!r}")
+
+
+def _schedule_action(client: Client, action: str, key: str, form: Mapping[str, str]) -> str:
+    """The schedule pages' actions: the same functions as `tenure schedules`."""
+    import tenure
+
+    if action == "schedule-remove":
+        removed = tenure.remove_schedule(client, key)
+        return f"{key}: removed" if removed else f"{key}: no such schedule"
+    if action == "schedule-pause":
+        note = form.get("note", "").strip() or None
+        was = tenure.pause_schedule(client, key, note=note)
+        return f"{key}: note changed (was paused)" if was else f"{key}: paused"
+    if action == "schedule-resume":
+        slot = tenure.resume_schedule(client, key)
+        return f"{key}: was not paused" if slot is None else f"{key}: resumed; next {slot}"
+    # schedule-save: the create form (mode=create) or the edit form.
+    trigger = form.get("trigger", "")
+    if trigger not in TRIGGERS:
+        raise tenure.InvalidArgument(f"trigger must be one of {', '.join(TRIGGERS)}")
+    fields: dict[str, Any] = {trigger: form.get("value", "").strip()}
+    if form.get("tz", "").strip():
+        fields["timezone"] = form["tz"].strip()
+    if form.get("task", "").strip():
+        fields["task"] = form["task"].strip()
+    fields["args"] = form.get("args", "").strip() or "{}"
+    if form.get("mode") == "create":
+        if "task" not in fields:
+            raise tenure.InvalidArgument("a task is required")
+        outcome = tenure.add_schedule(client, key, **fields)
+    else:
+        outcome = tenure.update_schedule(client, key, **fields)
+    return f"{key}: {outcome}"

@@ -147,6 +147,8 @@ class Dashboard:
                 Route("/", self._guard(self.overview), name="overview"),
                 Route("/jobs", self._guard(self.jobs), name="jobs"),
                 Route("/job", self._guard(self.job), name="job"),
+                Route("/schedules", self._guard(self.schedules), name="schedules"),
+                Route("/schedule", self._guard(self.schedule), name="schedule"),
                 Route("/leases", self._guard(self.leases), name="leases"),
                 Route("/outbox", self._guard(self.outbox), name="outbox"),
                 Route("/events", self._guard(self.events), name="events"),
@@ -289,22 +291,57 @@ class Dashboard:
             window = "fit"
         since = None if seconds is None else job.now - dt.timedelta(seconds=seconds)
         view = await self.reader.timeline(key, since, job.now)
-        timeline = render(
-            view.runs, since=view.since, now=job.now, job_key=key, density=view.density
-        )
+        runs, drawn_since = view.runs, view.since
+        lease = None if job.scheduled or runs or view.history else data.lease_run(job)
+        if lease is not None:
+            # A bare library lease: its lease row is all there is to draw.
+            runs = (lease,)
+            if since is None:  # "newest runs": fit the window to the lease
+                margin = max(dt.timedelta(seconds=2), (job.now - lease.slot) / 20)
+                drawn_since = min(drawn_since, lease.slot - margin)
+        timeline = render(runs, since=drawn_since, now=job.now, job_key=key, density=view.density)
         return self._page(
             request,
             "job.html",
             {
                 "page": "jobs",
                 "job": job,
-                "runs": view.runs,
+                "runs": runs,
                 "history": view.history,
                 "dense": view.dense,
                 "timeline": timeline,
                 "window": window,
                 "key_query": urlencode({"key": key}),
                 "live_keys": [key],
+            },
+        )
+
+    async def schedules(self, request: Request) -> Response:
+        search = (request.query_params.get("q") or "").strip()[:200] or None
+        after = (request.query_params.get("after") or "")[:200]
+        rows = await self.reader.schedules(search=search, after=after)
+        more = len(rows) == data.SCHEDULES_PAGE
+        nxt = urlencode({"q": search or "", "after": rows[-1].key}) if more else None
+        return self._page(
+            request,
+            "schedules.html",
+            {"page": "schedules", "rows": rows, "search": search, "next": nxt},
+        )
+
+    async def schedule(self, request: Request) -> Response:
+        key = request.query_params.get("key", "")[:200]
+        info, changes = await self.reader.schedule(key) if key else (None, [])
+        if info is None and not changes:
+            return self._error(request, 404, f"no runtime schedule {key!r}")
+        return self._page(
+            request,
+            "schedule.html",
+            {
+                "page": "schedules",
+                "s": info,
+                "key": key,
+                "changes": changes,
+                "args_text": None if info is None else json.dumps(info.args, ensure_ascii=False),
             },
         )
 
@@ -376,7 +413,7 @@ class Dashboard:
             back = "/"
         base = request.scope.get("root_path", "").rstrip("/")
         try:
-            message = await run_in_threadpool(self._actions.run, action, target)
+            message = await run_in_threadpool(self._actions.run, action, target, form)
         except (TenureError, ValueError) as exc:
             message = f"{action} failed: {exc}"
         log.warning("dashboard action %s %r: %s", action, target, message)

@@ -28,6 +28,7 @@ TOP = 26
 AXIS = 40
 MAX_LANES = 6
 STRIP = 34  # height of a dense window's density strip
+TICK_ADVANCE = 7.5  # px per character of an axis label (11px text), generously
 LATE = 0.5  # seconds after its slot from which a run's start is drawn as late
 
 GLYPH = {
@@ -39,6 +40,7 @@ GLYPH = {
     "cancelled": "○",
     "abandoned": "◇",
     "misfire_skipped": "◇",
+    "lease": "■",
 }
 LABEL = {
     "succeeded": "succeeded",
@@ -49,6 +51,7 @@ LABEL = {
     "cancelled": "cancelled (handed over)",
     "abandoned": "abandoned",
     "misfire_skipped": "skipped (misfire)",
+    "lease": "lease (no run history: a library lease)",
 }
 
 
@@ -115,6 +118,15 @@ def markers_of(runs: Sequence[Run]) -> list[Marker]:
                     run.started_at,
                     f"takeover: token {before.token} ({before.worker}) → token {run.token} "
                     f"({run.worker})",
+                )
+            )
+        if run.outcome == "lease" and run.token > 1:
+            # A bare lease's row: it holds the newest token, so a lower one came before.
+            out.append(
+                Marker(
+                    "takeover",
+                    run.started_at,
+                    f"token {run.token} took over from token {run.token - 1}",
                 )
             )
         if run.outcome in ("lease_lost", "stale_rejected", "running", "cancelled"):
@@ -225,11 +237,16 @@ def render(
     while t < now.timestamp():
         at = dt.datetime.fromtimestamp(t, dt.UTC)
         px = x(at)
+        label = _tick_label(at, step)
+        # Centred on its line, unless that would cut it at the frame's edge (the page script
+        # relabels it in the browser's zone: same length, HH:MM:SS or "Mon DD").
+        half = TICK_ADVANCE * len(label) / 2
+        anchor = "end" if px + half > WIDTH else ("start" if px - half < 0 else "middle")
         parts.append(
             f'<line class="grid" x1="{px:.1f}" y1="{TOP - 6}" x2="{px:.1f}" '
             f'y2="{height - AXIS + 4}"/>'
-            f'<text class="tick" x="{px:.1f}" y="{height - 8}" text-anchor="middle" '
-            f'data-t="{_iso(at)}" data-step="{int(step)}">{_tick_label(at, step)}</text>'
+            f'<text class="tick" x="{px:.1f}" y="{height - 8}" text-anchor="{anchor}" '
+            f'data-t="{_iso(at)}" data-step="{int(step)}">{label}</text>'
         )
         t += step
     parts.extend(_strip(density, x, TOP))

@@ -2,23 +2,30 @@
 
 -- name: exec_slot_check
 -- The slot this run is for, and whether it already completed, in one round trip.
--- With %(every)s (whole seconds), the slot is the database clock ROUNDED to the nearest
--- multiple of the period (epoch-aligned, UTC), not floored: a host whose clock is a few
--- seconds fast fires cron just before the boundary, and flooring would put it in the
--- previous slot and run the job twice. Rounding absorbs skew up to half the period either
--- way. With %(slot)s too, the slot is "VALUE@TIMESTAMP"; with %(slot)s only, it is VALUE.
+-- With %(every)s (whole seconds), the slot is the latest multiple of the period
+-- (epoch-aligned, UTC) at or before the database clock plus %(early)s seconds, the early
+-- tolerance, capped at half the period: a host whose cron fires a second before the boundary
+-- still names the slot about to start, and flooring alone would put it in the previous slot
+-- and run that twice; but no call runs a slot more than the tolerance before its time (plain
+-- rounding would run a daily job up to 12 hours early). With %(slot)s too, the slot is
+-- "VALUE@TIMESTAMP"; with %(slot)s only, it is VALUE.
 -- Run again after the lease is taken (a new statement, so a new snapshot): a predecessor's
 -- completion that committed while our takeover waited for its fence row is then visible.
--- open_until: the end of the slot's window (its time plus half the period), after which no
--- run can name it again; NULL for a slot named by the caller. Stored with the completed slot
--- (exec_slot_done) so that retention knows when the row can go.
-WITH t AS (
-    SELECT to_timestamp(round(extract(epoch FROM clock_timestamp()) / %(every)s::numeric)
-                        * %(every)s::numeric) AS at
+-- open_until: the end of the slot's window (the next slot's time less the tolerance: from
+-- then on every call names the next one), after which no run can name it again; NULL for a
+-- slot named by the caller. Stored with the completed slot (exec_slot_done) so that
+-- retention knows when the row can go.
+WITH e AS (
+    SELECT least(%(early)s::numeric, %(every)s::numeric / 2) AS early
+), t AS (
+    SELECT to_timestamp(floor((extract(epoch FROM clock_timestamp()) + e.early)
+                              / %(every)s::numeric) * %(every)s::numeric) AS at,
+           e.early
+    FROM e
 ), s AS (
     SELECT concat_ws('@', %(slot)s::text,
                      to_char(t.at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')) AS slot,
-           t.at + make_interval(secs => %(every)s::numeric / 2) AS open_until
+           t.at + make_interval(secs => %(every)s::numeric - t.early) AS open_until
     FROM t
 )
 -- can_record: whether this role may mark the slot done. Without it the slot could never be

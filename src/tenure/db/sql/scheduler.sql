@@ -25,13 +25,16 @@ WITH incoming AS (
              quarantine_after)
 ), old AS MATERIALIZED (
     SELECT j.job_key, j.cron, j.every, j.timezone, j.ttl, j.misfire, j.misfire_grace,
-           j.on_crash, j.defined_by, j.defined_at, j.app, j.revision, j.quarantine_after
+           j.on_crash, j.defined_by, j.defined_at, j.app, j.revision, j.quarantine_after,
+           j.task
     FROM {schema}.scheduled_jobs AS j
     WHERE j.job_key IN (SELECT job_key FROM incoming)
 ), conflicts AS MATERIALIZED (
-    SELECT o.job_key, o.app, o.defined_by, o.defined_at
+    -- A runtime schedule's key (task set) is never taken over by code, adopt or not.
+    SELECT o.job_key, o.app, o.defined_by, o.defined_at, o.task
     FROM old AS o
-    WHERE o.app IS NOT NULL AND o.app <> %(app)s AND NOT %(adopt)s::boolean
+    WHERE (o.app IS NOT NULL AND o.app <> %(app)s AND NOT %(adopt)s::boolean)
+       OR o.task IS NOT NULL
 ), upserted AS (
     INSERT INTO {schema}.scheduled_jobs AS j
         (job_key, cron, every, timezone, ttl, misfire, misfire_grace, on_crash, defined_at,
@@ -81,6 +84,7 @@ WITH incoming AS (
                             excluded.misfire, excluded.misfire_grace, excluded.on_crash,
                             excluded.quarantine_after, excluded.app)
       AND (j.app IS NULL OR j.app = excluded.app OR %(adopt)s::boolean)
+      AND j.task IS NULL
     RETURNING j.job_key, j.revision, j.next_slot
 ), state AS (
     INSERT INTO {schema}.job_state (job_key, token)
@@ -92,12 +96,12 @@ WITH incoming AS (
 SELECT u.job_key, u.revision, u.next_slot, o.cron, o.every, o.timezone, o.ttl, o.misfire,
        o.misfire_grace, o.on_crash, o.defined_by, o.defined_at, o.app,
        u.revision IS DISTINCT FROM o.revision AS redefined, false AS conflict,
-       pg_notify(%(channel)s, 'defined')::text AS notified
+       pg_notify(%(channel)s, 'defined')::text AS notified, NULL::text AS task
 FROM upserted AS u
 LEFT JOIN old AS o ON o.job_key = u.job_key
 UNION ALL
 SELECT c.job_key, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, c.defined_by,
-       c.defined_at, c.app, false, true, NULL
+       c.defined_at, c.app, false, true, NULL, c.task
 FROM conflicts AS c;
 
 -- name: sched_claim
@@ -131,6 +135,11 @@ WITH clock AS MATERIALIZED (
            j.on_crash, j.revision, j.next_slot, j.done_slot, j.running_slot, j.running_kind,
            j.running_token, j.running_attempt, j.trigger_at, j.crash_streak,
            j.quarantine_after,
+           -- A runtime schedule's definition, read in the claim itself (migration 14): the
+           -- start is refused if its revision moved since, so a run never starts under a
+           -- definition older than the newest committed change.
+           j.task, j.args, j.run_at, j.starts_at, j.ends_at, j.jitter, j.max_runs,
+           j.runs_started, j.overlap, j.backfill_next, j.backfill_to,
            -- The unfinished run has no finish record: its worker is gone (a worker that
            -- lost the lease or shut down records its end with sched_finish). Its history row
            -- is missing, or 'running' (a long run's, sched_running).
@@ -181,6 +190,7 @@ WITH clock AS MATERIALIZED (
         -- again"). A guess: the start still sets what its plan says.
         held_until = CASE
             WHEN j.every IS NOT NULL AND j.running_slot IS NULL AND j.trigger_at IS NULL
+                 AND j.backfill_next IS NULL AND j.jitter IS NULL
                  AND j.next_slot + make_interval(secs => extract(epoch FROM j.every))
                      > clock_timestamp()
             THEN least(j.next_slot + make_interval(secs => extract(epoch FROM j.every)),
@@ -232,19 +242,24 @@ SELECT t.job_key, t.lease_owner, t.fencing_token, t.lease_until, NULL AS cron, N
        NULL AS on_crash, NULL AS revision, NULL AS next_slot, NULL AS done_slot,
        NULL AS running_slot, NULL AS running_kind, NULL AS running_token,
        NULL AS running_attempt, NULL AS trigger_at, NULL AS now, NULL AS ready_at,
-       NULL AS prior_gone, NULL AS crash_streak, NULL AS quarantine_after, NULL AS freed_at
+       NULL AS prior_gone, NULL AS crash_streak, NULL AS quarantine_after, NULL AS freed_at,
+       NULL AS task, NULL AS args, NULL AS run_at, NULL AS starts_at, NULL AS ends_at,
+       NULL AS jitter, NULL AS max_runs, NULL AS runs_started, NULL AS overlap,
+       NULL AS backfill_next, NULL AS backfill_to
 FROM taken AS t
 UNION ALL
 SELECT d.job_key, NULL, NULL, NULL, d.cron, d.every, d.timezone,
        d.ttl, d.misfire, d.misfire_grace, d.on_crash, d.revision, d.next_slot, d.done_slot,
        d.running_slot, d.running_kind, d.running_token, d.running_attempt, d.trigger_at,
        c.now, NULL::timestamptz AS ready_at, d.prior_gone, d.crash_streak, d.quarantine_after,
-       d.freed_at
+       d.freed_at, d.task, d.args, d.run_at, d.starts_at, d.ends_at, d.jitter, d.max_runs,
+       d.runs_started, d.overlap, d.backfill_next, d.backfill_to
 FROM due AS d
 CROSS JOIN clock AS c
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, NULL, NULL, NULL, NULL, r.now, r.ready_at, NULL, NULL, NULL, NULL
+       NULL, NULL, NULL, NULL, NULL, r.now, r.ready_at, NULL, NULL, NULL, NULL, NULL, NULL,
+       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM ready AS r;
 
 -- name: sched_start
@@ -268,7 +283,8 @@ WITH plan AS (
         AS p(job_key text, token bigint, owner uuid, revision integer, run_slot timestamptz,
              run_kind text, attempt integer, next_slot timestamptz, done_slot timestamptz,
              trigger_at timestamptz, prior_token bigint, prior_error text,
-             crash_streak integer, quarantine text)
+             crash_streak integer, quarantine text, backfill_from timestamptz,
+             backfill_next timestamptz)
     -- Not a limit (%(count)s is the array's length) but the planner's row estimate: it
     -- plans this statement for each call (tenure.leases PLANNED_EACH_CALL) and, told 100 rows
     -- (its guess for any set-returning function), joined a batch of 5 by reading every row
@@ -301,9 +317,19 @@ WITH plan AS (
             CASE WHEN j.revision = p.revision
                  THEN greatest(j.next_slot, p.next_slot) ELSE j.next_slot END,
             clock_timestamp() + j.ttl) END,
-        trigger_at = CASE WHEN j.trigger_at = p.trigger_at THEN NULL ELSE j.trigger_at END
+        trigger_at = CASE WHEN j.trigger_at = p.trigger_at THEN NULL ELSE j.trigger_at END,
+        runs_started = j.runs_started + CASE WHEN p.run_kind = 'scheduled' THEN 1 ELSE 0 END,
+        backfill_next = CASE WHEN j.backfill_next = p.backfill_from THEN p.backfill_next
+                             ELSE j.backfill_next END,
+        backfill_to = CASE WHEN j.backfill_next = p.backfill_from AND p.backfill_next IS NULL
+                           THEN NULL ELSE j.backfill_to END
     FROM plan AS p
-    WHERE j.job_key = p.job_key AND j.claim_token = p.token
+    -- The definition the claim planned with is still the job's (a change of a runtime
+    -- schedule, a re-registration, bumps the revision) and the job was not paused or
+    -- removed meanwhile: a run never starts under an older definition than the newest
+    -- committed one (invariant 8). A refused start's lease is released below.
+    WHERE j.job_key = p.job_key AND j.claim_token = p.token AND j.revision = p.revision
+      AND NOT j.paused
     RETURNING j.job_key, j.running_started_at
 ), prior AS (
     -- The job row as it was before this statement (a CTE reads the statement's snapshot).
@@ -342,10 +368,11 @@ WITH plan AS (
       -- happened (an unreferenced CTE runs at an order of the planner's choosing).
       AND (SELECT count(*) FROM prior) >= 0
 ), idle AS (
+    -- Nothing to run, or the start was refused (the job changed, paused or gone): release.
     UPDATE {schema}.job_leases AS l
     SET lease_until = clock_timestamp()
     FROM plan AS p
-    WHERE p.run_slot IS NULL
+    WHERE (p.run_slot IS NULL OR p.job_key NOT IN (SELECT job_key FROM job))
       AND l.job_key = p.job_key AND l.fencing_token = p.token AND l.lease_owner = p.owner
       AND l.lease_until >= clock_timestamp()
 )
@@ -400,7 +427,7 @@ WITH f AS MATERIALIZED (
         -- Done: due at the next slot, where the start already put it (no index entry moves).
         -- Not done: due at once (running_slot stays).
         held_until = NULL,
-        done_slot = CASE WHEN f.done AND f.kind <> 'manual'
+        done_slot = CASE WHEN f.done AND f.kind NOT IN ('manual', 'backfill')
                          THEN greatest(j.done_slot, f.slot) ELSE j.done_slot END,
         -- This run recorded its end: its worker was not gone.
         crash_streak = 0
@@ -417,7 +444,10 @@ WITH f AS MATERIALIZED (
 ), m AS (
     -- Each run's fence match, stated once for its history row and for the answer; a run
     -- keeps its own outcome if the fence held or it did not claim success or failure.
-    SELECT f.*, f.matched OR f.outcome NOT IN ('succeeded', 'failed') AS own
+    -- A removed runtime schedule's run (no job row) was not taken over: it keeps its own.
+    SELECT f.*, f.matched OR f.outcome NOT IN ('succeeded', 'failed')
+                OR NOT EXISTS (SELECT 1 FROM {schema}.scheduled_jobs AS s
+                               WHERE s.job_key = f.job_key) AS own
     FROM (SELECT f.*, (f.job_key, f.token) IN (SELECT job_key, token FROM job) AS matched
           FROM f) AS f
 ), run AS (
@@ -524,7 +554,8 @@ SELECT j.job_key, j.cron, j.every, j.timezone, j.ttl, j.misfire, j.misfire_grace
        j.running_token, j.trigger_at, l.fencing_token, l.lease_until,
        coalesce(l.lease_until >= clock_timestamp(), false) AS held,
        last.outcome, last.slot, last.finished_at, clock_timestamp() AS now,
-       j.quarantine_after, j.crash_streak, j.quarantined_at, j.quarantine_reason, j.app
+       j.quarantine_after, j.crash_streak, j.quarantined_at, j.quarantine_reason, j.app,
+       j.task, j.run_at, j.starts_at, j.ends_at, j.jitter
 FROM {schema}.scheduled_jobs AS j
 LEFT JOIN {schema}.job_leases AS l ON l.job_key = j.job_key
 LEFT JOIN LATERAL (
@@ -538,7 +569,7 @@ ORDER BY j.job_key;
 
 -- name: sched_get
 SELECT job_key, cron, every, timezone, revision, paused, next_slot, trigger_at,
-       clock_timestamp() AS now, quarantine_reason
+       clock_timestamp() AS now, quarantine_reason, run_at, starts_at, ends_at, jitter
 FROM {schema}.scheduled_jobs
 WHERE job_key = %(job_key)s;
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import os
 import select
 import uuid
 from collections.abc import AsyncIterator
@@ -60,6 +61,8 @@ from .waiter import AsyncReleaseWaiter
 log = logging.getLogger("tenure.client")
 
 DEFAULT_TTL = 30.0
+#: The schema when neither the caller nor $TENURE_SCHEMA names one.
+DEFAULT_SCHEMA = "tenure"
 #: Statements planned on every call instead of prepared (psycopg prepares a statement after 5
 #: executions, and PostgreSQL then keeps a generic plan for the connection's life). The
 #: scheduler's batched start and finish join a JSON batch to job_runs, job_leases and
@@ -621,14 +624,15 @@ class _IdleCheck:
 async def connect_async(
     dsn: str | None = None,
     *,
-    schema: str = "tenure",
+    schema: str | None = None,
     pool_size: int = 4,
     migrate: bool = False,
     application_name: str = "tenure",
     prepare_threshold: int | Unset | None = UNSET,
 ) -> AsyncClient:
     """Connect to PostgreSQL (``dsn``, else ``$TENURE_DSN``, ``$DATABASE_URL``, else the
-    embedded server) and return a client for ``schema``.
+    embedded server) and return a client for ``schema`` (else ``$TENURE_SCHEMA``, which every
+    command honours and ``tenure exec`` exports to its command, else ``tenure``).
 
     ``pool_size``: connections kept for lease operations and renewals. ``migrate``: apply
     pending migrations first. ``application_name``: shown in ``pg_stat_activity``.
@@ -638,6 +642,8 @@ async def connect_async(
     where one client's prepared statements reach another's server connection.
     """
     check_dsn(dsn)
+    if schema is None:
+        schema = os.environ.get("TENURE_SCHEMA") or DEFAULT_SCHEMA  # empty: unset, as for click
     check_schema(schema)
     check_int(pool_size, what="pool_size", minimum=1, maximum=MAX_POOL_SIZE)
     if not isinstance(application_name, str):

@@ -32,7 +32,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--every",
             default=None,
-            help="Slot = database clock rounded to this period (whole seconds, e.g. 5m).",
+            help="Slot = the period (whole seconds, e.g. 5m) the database clock is in, from 2s "
+            "before its start.",
         )
         parser.add_argument("--slot", default=None, help="Slot name (e.g. the scheduled time).")
         parser.add_argument(
