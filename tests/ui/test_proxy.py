@@ -87,8 +87,13 @@ http {{
         proc.wait(timeout=10)
 
 
-def _links(page: str) -> list[str]:
-    return re.findall(r'(?:href|src)="(/[^"]*)"', page)
+def _page_under_prefix(url: str, auth: dict[str, str]) -> str:
+    """The page at ``url``, asserting that each of its links and assets keeps the prefix."""
+    page = http(url, headers=auth)
+    assert page.status == 200, page
+    links = re.findall(r'(?:href|src)="(/[^"]*)"', page.body)
+    assert links and all(link.startswith(PREFIX + "/") for link in links), links
+    return page.body
 
 
 def test_root_path_behind_nginx(dsn: str, schema: str, tmp_path: Path) -> None:
@@ -100,11 +105,8 @@ def test_root_path_behind_nginx(dsn: str, schema: str, tmp_path: Path) -> None:
         nginx(tmp_path, ui.url) as proxy,
     ):
         auth = basic(TOKEN)
-        page = http(f"{proxy}{PREFIX}/", headers=auth)
-        assert page.status == 200, page
-        links = _links(page.body)
-        assert f'href="{PREFIX}/static/ui.css"' in page.body
-        assert links and all(link.startswith(PREFIX + "/") for link in links), links
+        page = _page_under_prefix(f"{proxy}{PREFIX}/", auth)
+        assert f'href="{PREFIX}/static/ui.css"' in page
         css = http(f"{proxy}{PREFIX}/static/ui.css", headers=auth)
         assert css.status == 200 and "svg.timeline" in css.body
         job = http(f"{proxy}{PREFIX}/job?key=report", headers=auth)
@@ -138,10 +140,7 @@ def test_forwarded_headers_from_a_trusted_proxy(dsn: str, schema: str, tmp_path:
         nginx(tmp_path, ui.url) as proxy,
     ):
         auth = basic(TOKEN)
-        page = http(f"{proxy}{PREFIX}/jobs", headers=auth)
-        assert page.status == 200, page
-        links = _links(page.body)
-        assert links and all(link.startswith(PREFIX + "/") for link in links), links
+        _page_under_prefix(f"{proxy}{PREFIX}/jobs", auth)
         csrf, cookie = csrf_and_cookie(proxy, f"{PREFIX}/job?key=report", auth)
         post = http(
             f"{proxy}{PREFIX}/action/pause",
