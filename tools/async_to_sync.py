@@ -36,9 +36,12 @@ Transformations
   ``if SYNC: A else: B`` becomes ``A``; ``if not SYNC: A else: B`` becomes
   ``B`` (or nothing); ``x if SYNC else y`` becomes ``x``.
 
-Comments (including ``# type: ignore`` and ``# noqa``) do not survive the
-round trip through :mod:`ast`; the generated file starts with a header
-comment saying where it comes from.  Implicitly concatenated string literals
+Comments survive the round trip through :mod:`ast` as placeholder statements
+(see "comments" below), renamed like the code: a comment line stays where it
+is, a comment at the end of a line stays at its end, one inside brackets moves
+above its statement (so no ``# type: ignore`` inside brackets), and one in a
+branch the transformation drops goes with it. The generated file starts with a
+header comment saying where it comes from.  Implicitly concatenated string literals
 (``"abc" "def"``) are kept as such when the transformation leaves them alone
 (ast would otherwise merge them into one over-long literal).
 
@@ -618,6 +621,175 @@ class _HideConcats(ast.NodeTransformer):
         return self._hide(node)
 
 
+# -- comments ----------------------------------------------------------------
+#
+# ast drops comments. Before parsing, each comment becomes a placeholder statement
+# ``__a2s_comment__("text")`` (``__a2s_comment__("text", True)`` for a comment at the end
+# of a line), placed where a statement may stand: a comment line between statements stays
+# where it is (indented as the statement after it, or as the one before it when an
+# ``else:``/``except:``/... follows); a comment inside brackets moves above its statement; a
+# comment after a docstring's place stays below the docstring. After unparsing, the
+# placeholders become comments again (a trailing one goes back to the end of the line
+# before it) and ruff formats them. A comment in a branch the transformation drops goes
+# with it.
+
+_COMMENT_CALL = "__a2s_comment__"
+_COMMENT_RE = re.compile(r"^(\s*)" + _COMMENT_CALL + r"\((.*)\)$")
+_CONTINUES = frozenset({"else", "elif", "except", "finally", "case"})
+
+
+class _Logical:
+    __slots__ = ("end", "first", "header", "indent", "only_string", "start")
+
+    def __init__(self, start: int, indent: int, first: str) -> None:
+        self.start = self.end = start
+        self.indent = indent
+        self.first = first
+        self.header = False
+        self.only_string = True
+
+
+def _comments_to_placeholders(source: str) -> str:
+    lines = source.splitlines()
+    logical: list[_Logical] = []
+    found: list[tuple[int, int, str, int, bool]] = []  # row, col, text, depth, alone
+    current: _Logical | None = None
+    last_significant = ""
+    depth = 0
+    skip = {tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            row, col = tok.start
+            alone = not lines[row - 1][:col].strip()
+            found.append((row, col, tok.string, depth, alone))
+            continue
+        if tok.type == tokenize.NEWLINE:
+            if current is not None:
+                current.end = tok.start[0]
+                current.header = last_significant == ":"
+            current = None
+            continue
+        if tok.type in skip:
+            continue
+        if current is None:
+            current = _Logical(tok.start[0], tok.start[1], tok.string)
+            logical.append(current)
+        if tok.type != tokenize.STRING:
+            current.only_string = False
+        if tok.type == tokenize.OP and tok.string in "([{":
+            depth += 1
+        elif tok.type == tokenize.OP and tok.string in ")]}":
+            depth -= 1
+        last_significant = tok.string
+    if not found:
+        return source
+    inserts: dict[int, list[str]] = {}  # before source row (1-based)
+
+    def put(row: int, indent: int, text: str, trailing: int = 0) -> None:
+        # trailing: 1 at the end of the line before, 2 at the end of the def/class line
+        # before (a header whose docstring comes first).
+        call = (
+            f"{_COMMENT_CALL}({text!r}, {trailing})" if trailing else f"{_COMMENT_CALL}({text!r})"
+        )
+        inserts.setdefault(row, []).append(" " * indent + call)
+
+    def next_logical(row: int) -> _Logical | None:
+        for lg in logical:
+            if lg.start > row:
+                return lg
+        return None
+
+    def previous_logical(row: int) -> _Logical | None:
+        before = [lg for lg in logical if lg.end < row]
+        return before[-1] if before else None
+
+    def placed(lg: _Logical | None, row: int) -> tuple[int, int]:
+        """Where a comment standing before ``lg`` goes: (before row, indent)."""
+        if lg is None:
+            return len(lines) + 1, 0
+        prev = previous_logical(lg.start)
+        if lg.first in _CONTINUES and prev is not None:
+            return row, prev.indent
+        if lg.only_string and prev is not None and prev.header:
+            return lg.end + 1, lg.indent  # not above a docstring
+        return row, lg.indent
+
+    for row, _col, text, depth_at, alone in found:
+        text = rename_words(text)
+        if alone and depth_at == 0:
+            at, indent = placed(next_logical(row), row)
+            put(at, indent, text)
+        elif depth_at == 0:
+            lg = next(lg for lg in logical if lg.end == row or lg.start <= row <= lg.end)
+            if lg.header:
+                body = next_logical(lg.end)
+                if body is not None and body.indent > lg.indent:
+                    at, indent = placed(body, body.start)
+                    put(
+                        lg.end + 1 if at == body.start else at, indent, text, 1 + (at != body.start)
+                    )
+                    continue
+            put(lg.end + 1, lg.indent, text, 1)
+        else:  # inside brackets: above its statement
+            lg = [lg for lg in logical if lg.start <= row][-1]
+            at, indent = placed(lg, lg.start)
+            put(at, indent, text)
+    out = list(lines)
+    for row, col, _text, _depth, alone in found:
+        out[row - 1] = "" if alone else out[row - 1][:col].rstrip()
+    result: list[str] = []
+    for row in range(1, len(out) + 2):
+        result.extend(inserts.get(row, ()))
+        if row <= len(out):
+            result.append(out[row - 1])
+    return "\n".join(result) + "\n"
+
+
+_HEADERS = ("def ", "async def ", "class ")
+
+
+def _next_code(lines: list[str], n: int) -> str:
+    """The first line after ``lines[n]`` that is neither blank nor a comment placeholder,
+    stripped."""
+    for line in lines[n + 1 :]:
+        if line.strip() and not _COMMENT_RE.match(line):
+            return line.lstrip()
+    return ""
+
+
+def _placeholders_to_comments(code: str) -> str:
+    out: list[str] = []
+    code_lines = code.splitlines()
+    leading = False  # the last line out is a comment that leads a def or class
+    for n, line in enumerate(code_lines):
+        m = _COMMENT_RE.match(line)
+        if m is None:
+            if not (leading and not line.strip()):  # unparse's blank line before a def
+                out.append(line)
+                leading = False
+            continue
+        args = ast.literal_eval(f"({m.group(2)},)")
+        text, trailing = args[0], args[1] if len(args) > 1 else 0
+        if trailing:
+            for i in range(len(out) - 1, -1, -1):
+                line = out[i].lstrip()
+                if line if trailing == 1 else line.startswith(_HEADERS):
+                    out[i] = f"{out[i]}  {text}"
+                    break
+            continue
+        leading = _next_code(code_lines, n).startswith((*_HEADERS, "@"))
+        if (
+            leading
+            and out
+            and out[-1].strip()
+            and not out[-1].rstrip().endswith(":")
+            and not out[-1].lstrip().startswith("#")
+        ):
+            out.append("")  # apart from what is before it: ruff then keeps it on the def
+        out.append(m.group(1) + text)
+    return "\n".join(out)
+
+
 # -- driver -------------------------------------------------------------------
 
 
@@ -669,6 +841,7 @@ def ruff_format(source: str, filename: Path, root: Path) -> str:
 
 def convert_source(source: str, filename: str = "<async>") -> str:
     """Convert async source text into (unformatted, header-less) sync code."""
+    source = _comments_to_placeholders(source)
     tree = ast.parse(source, filename=filename)
     concats = _find_concats(source, tree)
     tree = AsyncToSync().visit(tree)
@@ -684,7 +857,7 @@ def convert_source(source: str, filename: str = "<async>") -> str:
         )
     code = ast.unparse(tree)
     code = _PLACEHOLDER_RE.sub(lambda m: hider.texts[int(m.group(1))], code)
-    return code + "\n"
+    return _placeholders_to_comments(code) + "\n"
 
 
 def generate(src: Path, root: Path) -> str:

@@ -32,6 +32,23 @@ if TYPE_CHECKING:
 MAX_LIMIT = 100_000
 
 
+#: A job's states, one vocabulary for ``tenure jobs list`` and the dashboard; a job is in the
+#: first that applies (:func:`job_state`).
+JOB_STATES = ("quarantined", "paused", "running", "failing", "idle")
+
+
+def job_state(*, quarantined: bool, paused: bool, running: bool, failed: bool) -> str:
+    """quarantined (paused after crashing, see docs/safety.md), paused, running (a run in
+    progress or unfinished), failing (its last run failed), else idle."""
+    if quarantined:
+        return "quarantined"
+    if paused:
+        return "paused"
+    if running:
+        return "running"
+    return "failing" if failed else "idle"
+
+
 @dataclass(frozen=True, slots=True)
 class JobStatus:
     """One job as ``tenure jobs list`` shows it (database times)."""
@@ -66,13 +83,13 @@ class JobStatus:
 
     @property
     def state(self) -> str:
-        """quarantined, paused, running or scheduled (+trigger when one is pending)."""
-        if self.quarantined is not None:
-            state = "quarantined"
-        elif self.paused:
-            state = "paused"
-        else:
-            state = "running" if self.running_slot else "scheduled"
+        """:func:`job_state` (+trigger when one is pending)."""
+        state = job_state(
+            quarantined=self.quarantined is not None,
+            paused=self.paused,
+            running=self.running_slot is not None,
+            failed=self.last_outcome == "failed",
+        )
         return state + " +trigger" if self.trigger_pending else state
 
     def as_json(self) -> dict[str, Any]:
@@ -308,4 +325,11 @@ def history(client: Client, job_key: str, *, limit: int = 20) -> list[RunRecord]
         doing=f"reading the history of {job_key!r}",
         row=HistoryRow,
     )
+    if not rows:  # no runs yet, or no such job (an error, as for pause and trigger)
+        _require(
+            client.fetch(
+                "sched_get", {"job_key": job_key}, doing=f"reading {job_key!r}", row=JobGetRow
+            ),
+            job_key,
+        )
     return [RunRecord(*row) for row in rows]  # the same fields, in the same order

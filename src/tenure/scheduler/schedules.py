@@ -96,6 +96,11 @@ def normalize_cron(expr: str) -> str:
     if not isinstance(expr, str) or not expr.strip():
         raise InvalidArgument(f"cron must be a cron expression like '0 2 * * *', got {expr!r}")
     text = " ".join(expr.split())
+    if text.lower() == "@reboot":
+        raise InvalidArgument(
+            "cron @reboot is not supported: it has no time of its own that workers could "
+            "share as a slot; run the work at start-up yourself, or use a time-based schedule"
+        )
     text = _ALIASES.get(text.lower(), text)
     fields = len(text.split())
     if fields != 5:
@@ -476,7 +481,8 @@ def plan(schedule: Schedule, policy: Policy, state: JobState, now: dt.datetime, 
             streak += 1
             ended = (
                 f"the run with token {prior_token} ended with its worker gone (no finish "
-                "record before its lease expired: killed, crashed or out of memory?)"
+                "record before its lease expired: killed, crashed or out of memory?), or "
+                "did not stop when its worker shut down (recorded abandoned)"
             )
         else:
             ended = (

@@ -46,7 +46,7 @@ from ..validation import check_schema
 from . import data, security
 from .actions import ACTIONS, Actions
 from .live import Broker
-from .timeline import render
+from .timeline import GLYPH, LABEL, render
 
 log = logging.getLogger("tenure.ui")
 
@@ -291,22 +291,30 @@ class Dashboard:
             window = "fit"
         since = None if seconds is None else job.now - dt.timedelta(seconds=seconds)
         view = await self.reader.timeline(key, since, job.now)
-        timeline = render(
-            view.runs, since=view.since, now=job.now, job_key=key, density=view.density
-        )
+        runs, drawn_since = view.runs, view.since
+        lease = None if job.scheduled or runs or view.history else data.lease_run(job)
+        if lease is not None:
+            # A bare library lease: its lease row is all there is to draw.
+            runs = (lease,)
+            if since is None:  # "newest runs": fit the window to the lease
+                margin = max(dt.timedelta(seconds=2), (job.now - lease.slot) / 20)
+                drawn_since = min(drawn_since, lease.slot - margin)
+        timeline = render(runs, since=drawn_since, now=job.now, job_key=key, density=view.density)
         return self._page(
             request,
             "job.html",
             {
                 "page": "jobs",
                 "job": job,
-                "runs": view.runs,
+                "runs": runs,
                 "history": view.history,
                 "dense": view.dense,
                 "timeline": timeline,
                 "window": window,
                 "key_query": urlencode({"key": key}),
                 "live_keys": [key],
+                # Every mark the timeline draws, from its own tables (they cannot drift).
+                "legend": [(o, glyph, LABEL[o]) for o, glyph in GLYPH.items()],
             },
         )
 

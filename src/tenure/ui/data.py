@@ -26,6 +26,8 @@ from ..scheduler._async.runtime import (
     schedule_changes_async,
 )
 from ..scheduler.definitions import ScheduleChange, ScheduleInfo
+from ..scheduler.jobs import JOB_STATES as STATES
+from ..scheduler.jobs import job_state
 from ..scheduler.schedules import schedule_from_row
 from .queries import ui_queries
 from .rows import JobDetailRow, JobsPageRow
@@ -35,7 +37,8 @@ log = logging.getLogger("tenure.ui")
 #: Bound on every dashboard statement: a page that cannot answer says so instead of hanging.
 STATEMENT_TIMEOUT = 5.0
 PAGE_SIZE = 50
-JOB_STATES = ("all", "running", "paused", "quarantined", "failing", "idle")
+#: The jobs page's filters: every state (scheduler.jobs.JOB_STATES), or all.
+JOB_STATES = ("all", *STATES)
 JOB_SORTS = ("key", "next", "last")
 #: Zoom levels of the timeline (label, seconds).
 WINDOWS: tuple[tuple[str, int], ...] = (
@@ -82,6 +85,7 @@ class Overview:
     window: str
     incidents: tuple[Incident, ...]
     topics: tuple[Topic, ...]
+    execs: int = 0  # of ``runs``: `tenure exec` runs
 
     @property
     def dead(self) -> int:
@@ -173,19 +177,39 @@ class JobRow:
 
     @property
     def state(self) -> str:
-        if self.quarantined:
-            return "quarantined"
-        if self.paused:
-            return "paused"
-        if self.running:
-            return "running"
-        if self.last_outcome == "failed":
-            return "failing"
-        return "idle"
+        return job_state(
+            quarantined=self.quarantined,
+            paused=self.paused,
+            running=self.running,
+            failed=self.last_outcome == "failed",
+        )
 
     @property
     def seconds_left(self) -> float | None:
         if not self.held or self.lease_until is None:
+            return None
+        return max(0.0, (self.lease_until - self.now).total_seconds())
+
+
+@row_of("ui_other_keys")  # built by position: OtherKey(*row)
+@dataclass(frozen=True, slots=True)
+class OtherKey:
+    """A key with a lease and no schedule: a `tenure exec` command or a bare library lease."""
+
+    job_key: str
+    token: int
+    lease_until: dt.datetime
+    held: bool
+    acquired_at: dt.datetime
+    last_outcome: str | None  # of its newest `tenure exec` run; None: a library lease
+    last_at: dt.datetime | None
+    last_token: int | None
+    now: dt.datetime
+    total: int = 0
+
+    @property
+    def seconds_left(self) -> float | None:
+        if not self.held:
             return None
         return max(0.0, (self.lease_until - self.now).total_seconds())
 
@@ -200,6 +224,7 @@ class JobPage:
     sort: str
     desc: bool
     search: str | None
+    others: tuple[OtherKey, ...] = ()  # keys with a lease and no schedule (state "all")
 
 
 @row_of("ui_timeline", "ui_history")  # built by position: Run(*row)
@@ -317,6 +342,29 @@ class LeasePage:
     now: dt.datetime
 
 
+def lease_run(job: Job) -> Run | None:
+    """A key without run history (a bare library lease) drawn from its lease row: the
+    newest holder's token from its acquisition to its expiry (or now). Its predecessors'
+    tokens are all that is known of them: the table keeps the newest lease only."""
+    if job.token is None or job.acquired_at is None or job.lease_until is None:
+        return None
+    return Run(
+        run_id=0,
+        slot=job.acquired_at,
+        kind="lease",
+        attempt=1,
+        token=job.token,
+        worker=str(job.owner)[:8],
+        host="-",
+        pid=0,
+        started_at=job.acquired_at,
+        finished_at=min(job.lease_until, job.now),
+        outcome="lease",
+        error=None,
+        recorded_at=job.acquired_at,
+    )
+
+
 def _describe(key: str, cron: str | None, every: dt.timedelta | None, tz: str) -> str:
     try:
         return schedule_from_row(key, cron, every, tz).describe()
@@ -402,7 +450,9 @@ class Reader:
             )
             [(leases, held)] = await self._all(conn, "ui_overview_leases")
             since = {"since": now - interval}
-            [(stale, lost, failed, runs)] = await self._all(conn, "ui_overview_events", since)
+            [(stale, lost, failed, runs, execs)] = await self._all(
+                conn, "ui_overview_events", since
+            )
             incidents = await self._all(conn, "ui_overview_incidents", since)
             topics = await self._all(conn, "ui_outbox_topics")
         return Overview(
@@ -413,7 +463,7 @@ class Reader:
             failing=failing,
             overdue=overdue,
             quarantined=quarantined,
-            idle=max(0, total - paused - running - failing),
+            idle=max(0, total - quarantined - paused - running - failing),
             leases_total=leases,
             leases_held=held,
             stale=stale,
@@ -423,6 +473,7 @@ class Reader:
             window=window,
             incidents=tuple(Incident(*row) for row in incidents),
             topics=tuple(Topic(*row) for row in topics),
+            execs=execs,
         )
 
     async def jobs(
@@ -449,6 +500,14 @@ class Reader:
         }
         async with self._session() as conn:
             rows = typed(await self._all(conn, name, params), JobsPageRow)
+            others: tuple[OtherKey, ...] = ()
+            if state == "all":
+                others = tuple(
+                    OtherKey(*row)
+                    for row in await self._all(
+                        conn, "ui_other_keys", {"search": search or None, "limit": PAGE_SIZE}
+                    )
+                )
         total = rows[0].total if rows else 0
         out = tuple(
             JobRow(
@@ -471,7 +530,7 @@ class Reader:
             for r in rows
         )
         pages = max(1, math.ceil(total / PAGE_SIZE))
-        return JobPage(out, total, page, pages, state, sort, desc, search)
+        return JobPage(out, total, page, pages, state, sort, desc, search, others)
 
     async def job(self, job_key: str) -> Job | None:
         async with self._session() as conn:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import os
 import select
 import uuid
 from collections.abc import AsyncIterator
@@ -19,7 +20,7 @@ from ... import metrics
 from ..._acompat import monotonic
 from ...db import migrations
 from ...db.channels import channel
-from ...db.dsn import describe, resolve
+from ...db.dsn import describe, named, resolve
 from ...db.executor import R, typed
 from ...db.idle import closed_while_idle
 from ...db.queries import compose, queries
@@ -38,6 +39,7 @@ from ...errors import (
     LeaseBusy,
     TenureError,
     Timeout,
+    connection_failed,
     mapped,
     translate,
 )
@@ -60,6 +62,8 @@ from .waiter import AsyncReleaseWaiter
 log = logging.getLogger("tenure.client")
 
 DEFAULT_TTL = 30.0
+#: The schema when neither the caller nor $TENURE_SCHEMA names one.
+DEFAULT_SCHEMA = "tenure"
 #: Statements planned on every call instead of prepared (psycopg prepares a statement after 5
 #: executions, and PostgreSQL then keeps a generic plan for the connection's life). The
 #: scheduler's batched start and finish join a JSON batch to job_runs, job_leases and
@@ -621,14 +625,15 @@ class _IdleCheck:
 async def connect_async(
     dsn: str | None = None,
     *,
-    schema: str = "tenure",
+    schema: str | None = None,
     pool_size: int = 4,
     migrate: bool = False,
     application_name: str = "tenure",
     prepare_threshold: int | Unset | None = UNSET,
 ) -> AsyncClient:
     """Connect to PostgreSQL (``dsn``, else ``$TENURE_DSN``, ``$DATABASE_URL``, else the
-    embedded server) and return a client for ``schema``.
+    embedded server) and return a client for ``schema`` (else ``$TENURE_SCHEMA``, which every
+    command honours and ``tenure exec`` exports to its command, else ``tenure``).
 
     ``pool_size``: connections kept for lease operations and renewals. ``migrate``: apply
     pending migrations first. ``application_name``: shown in ``pg_stat_activity``.
@@ -638,6 +643,8 @@ async def connect_async(
     where one client's prepared statements reach another's server connection.
     """
     check_dsn(dsn)
+    if schema is None:
+        schema = os.environ.get("TENURE_SCHEMA") or DEFAULT_SCHEMA  # empty: unset, as for click
     check_schema(schema)
     check_int(pool_size, what="pool_size", minimum=1, maximum=MAX_POOL_SIZE)
     if not isinstance(application_name, str):
@@ -661,7 +668,7 @@ async def connect_async(
         probe = await AsyncConnection.connect(conninfo, **kwargs)
         await probe.close()
     except psycopg.Error as exc:
-        raise translate(exc, f"connecting to {where} (from {source})") from exc
+        raise connection_failed(exc, f"connecting to {where}", named(source)) from exc
     check = _IdleCheck()
     pool: AsyncConnectionPool[AsyncConnection[Any]] = AsyncConnectionPool(
         conninfo,

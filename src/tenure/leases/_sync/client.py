@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import os
 import select
 import uuid
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ from ... import metrics
 from ..._compat import monotonic
 from ...db import migrations
 from ...db.channels import channel
-from ...db.dsn import describe, resolve
+from ...db.dsn import describe, named, resolve
 from ...db.executor import R, typed
 from ...db.idle import closed_while_idle
 from ...db.queries import compose, queries
@@ -41,6 +42,7 @@ from ...errors import (
     LeaseBusy,
     TenureError,
     Timeout,
+    connection_failed,
     mapped,
     translate,
 )
@@ -62,8 +64,19 @@ from .waiter import ReleaseWaiter
 
 log = logging.getLogger("tenure.client")
 DEFAULT_TTL = 30.0
+#: The schema when neither the caller nor $TENURE_SCHEMA names one.
+DEFAULT_SCHEMA = "tenure"
+#: Statements planned on every call instead of prepared (psycopg prepares a statement after 5
+#: executions, and PostgreSQL then keeps a generic plan for the connection's life). The
+#: scheduler's batched start and finish join a JSON batch to job_runs, job_leases and
+#: scheduled_jobs: a generic plan made while those tables were small (a fresh deployment)
+#: kept scanning every row of job_runs on each finish as it grew, while a plan made for
+#: the call uses the indexes. Planning costs a fraction of a millisecond per batch.
 PLANNED_EACH_CALL = frozenset({"sched_start", "sched_finish", "sched_running"})
+#: Never prepared: planned on every call, or a utility statement the server cannot prepare.
 NOT_PREPARED = PLANNED_EACH_CALL | {"sched_vacuum"}
+#: More connections than this per client is a mistake (PostgreSQL's default max_connections
+#: is 100).
 MAX_POOL_SIZE = 1000
 
 
@@ -82,6 +95,7 @@ class Client:
         self._queries = queries(schema)
         self.results = Results(self)
         self._timings: dict[tuple[type, Any, type, Any], _Timing] = {}
+        #: Where releases are announced, for waiters (see :class:`ReleaseWaiter`).
         self.lease_channel = channel("leases", schema)
 
     def __repr__(self) -> str:
@@ -146,10 +160,12 @@ class Client:
         type, :mod:`tenure.db.rows`) or tuples. A psycopg error becomes a
         :class:`~tenure.TenureError` saying what was being done (``doing``); ``wrote``: the
         statement writes, so a lost connection leaves its outcome unknown."""
+        # getconn/putconn rather than `pool.connection()`: the latter wraps the connection in
+        # `with conn:`, which sends a needless COMMIT-check on every call of this hot path.
         pool = self._pool
         try:
             conn = pool.getconn()
-        except psycopg.Error as exc:
+        except psycopg.Error as exc:  # no connection: nothing was sent
             raise translate(exc, doing) from exc
         try:
             try:
@@ -157,6 +173,7 @@ class Client:
                 cur.execute(
                     self._queries[name], params, prepare=False if name in NOT_PREPARED else None
                 )
+                # No description: a statement that returns nothing (VACUUM).
                 rows = [] if cur.description is None else cur.fetchall()
             finally:
                 pool.putconn(conn)
@@ -253,16 +270,17 @@ class Client:
         connections once, so the next calls get live ones instead of failing one by one."""
         try:
             self._pool.check()
-        except psycopg.Error:
+        except psycopg.Error:  # the server is still away: the next call reconnects
             log.debug("checking pooled connections failed", exc_info=True)
 
     def _release_waiter(self, job_key: str) -> ReleaseWaiter:
         """A waiter that wakes when ``job_key``'s lease is released (see :mod:`.waiter`)."""
         conninfo, kwargs = (self._pool.conninfo, self._pool.kwargs)
         if not isinstance(conninfo, str) or not isinstance(kwargs, dict):
-            return ReleaseWaiter(None, job_key)
+            return ReleaseWaiter(None, job_key)  # a pool we did not build: poll
         return ReleaseWaiter.start(conninfo, kwargs, self.lease_channel, job_key)
 
+    # -- schema -----------------------------------------------------------------------------
     def migrate(self) -> list[int]:
         """Apply pending migrations under an advisory lock; returns the versions applied.
 
@@ -327,6 +345,7 @@ class Client:
             row = cur.fetchone()
             return row[0] if row else None
 
+    # -- leases -----------------------------------------------------------------------------
     def _timing(self, ttl: Duration, safety_margin: Duration | None) -> _Timing:
         """The validated TTL and margin, and the statement parameters they give.
 
@@ -378,6 +397,7 @@ class Client:
                 wrote=True,
             )
         except Timeout:
+            # The previous holder's fenced transaction still holds the job-state row.
             metrics.emit(metrics.ACQUIRE, job_key, "busy")
             return (None, None, None, ": its fenced transaction is still open")
         except TenureError:
@@ -405,6 +425,7 @@ class Client:
                     sent_at=sent,
                 )
             metrics.emit(metrics.ACQUIRE, job_key, "busy")
+            # The busy answer's fifth column is the database's now, for retry_after.
             return (token, expires_at, (expires_at - now).total_seconds(), "")
         metrics.emit(metrics.ACQUIRE, job_key, "busy")
         return None
@@ -418,6 +439,8 @@ class Client:
         if outcome is not None:
             token, expires_at, retry_after, detail = outcome
             return LeaseBusy(job_key, token, expires_at, detail, retry_after=retry_after)
+        # A concurrent first acquire of this key won the race: our statement's snapshot
+        # predates its row. One more (rare) statement names the winner.
         info = self.inspect(job_key)
         if info is None:
             return LeaseBusy(job_key, None, None)
@@ -431,6 +454,8 @@ class Client:
         The returned lease is not renewed automatically: call ``renew()`` within its TTL,
         or use :meth:`lease`, which renews in the background.
         """
+        # No LeaseBusy here: nobody would see its message, and building it is a fair share
+        # of a busy answer's client-side cost.
         outcome = self._take(job_key, ttl, safety_margin)
         return outcome if isinstance(outcome, Lease) else None
 
@@ -500,10 +525,15 @@ class Client:
         return value
 
 
+#: Validated (ttl, safety_margin) pairs kept per client: a few in practice; the cache is
+#: emptied when a caller cycles through more than this.
 _TIMINGS_KEPT = 64
+#: Hashable argument types whose validation result depends on the value alone.
 _PLAIN: tuple[type, ...] = (int, float, str, dt.timedelta)
 _PLAIN_OR_NONE: tuple[type, ...] = (*_PLAIN, type(None))
+#: (ttl seconds, safety margin seconds, ttl parameter, lock_timeout parameter)
 _Timing = tuple[float, float, dt.timedelta, str]
+#: A busy answer: (holder's token, its expiry, seconds until then, detail); None when unknown.
 _Busy = tuple[int | None, dt.datetime | None, float | None, str]
 _CURSOR_ATTR = "_tenure_cursor"
 
@@ -534,6 +564,7 @@ def _configure(conn: Connection[Any]) -> None:
         conn.execute(b"SELECT set_config(%s, %s, false)", (name, value))
 
 
+#: What tenure.db.idle looks for on an idle socket.
 _POLL_EVENTS = select.POLLIN | select.POLLERR | select.POLLHUP if hasattr(select, "poll") else 0
 _POLLER_ATTR = "_tenure_poller"
 
@@ -551,7 +582,7 @@ def _went_away(conn: Connection[Any]) -> bool:
         return closed_while_idle(conn)
     try:
         fd = pgconn.socket
-    except psycopg.Error:
+    except psycopg.Error:  # no socket: the full check says it is gone
         return closed_while_idle(conn)
     kept: tuple[int, Any] | None = getattr(conn, _POLLER_ATTR, None)
     if kept is None or kept[0] != fd:
@@ -584,14 +615,15 @@ class _IdleCheck:
 def connect(
     dsn: str | None = None,
     *,
-    schema: str = "tenure",
+    schema: str | None = None,
     pool_size: int = 4,
     migrate: bool = False,
     application_name: str = "tenure",
     prepare_threshold: int | Unset | None = UNSET,
 ) -> Client:
     """Connect to PostgreSQL (``dsn``, else ``$TENURE_DSN``, ``$DATABASE_URL``, else the
-    embedded server) and return a client for ``schema``.
+    embedded server) and return a client for ``schema`` (else ``$TENURE_SCHEMA``, which every
+    command honours and ``tenure exec`` exports to its command, else ``tenure``).
 
     ``pool_size``: connections kept for lease operations and renewals. ``migrate``: apply
     pending migrations first. ``application_name``: shown in ``pg_stat_activity``.
@@ -601,6 +633,8 @@ def connect(
     where one client's prepared statements reach another's server connection.
     """
     check_dsn(dsn)
+    if schema is None:
+        schema = os.environ.get("TENURE_SCHEMA") or DEFAULT_SCHEMA  # empty: unset, as for click
     check_schema(schema)
     check_int(pool_size, what="pool_size", minimum=1, maximum=MAX_POOL_SIZE)
     if not isinstance(application_name, str):
@@ -618,10 +652,11 @@ def connect(
         else prepare_threshold,
     }
     try:
+        # One direct attempt first: its error says what is wrong, a pool timeout would not.
         probe = Connection.connect(conninfo, **kwargs)
         probe.close()
     except psycopg.Error as exc:
-        raise translate(exc, f"connecting to {where} (from {source})") from exc
+        raise connection_failed(exc, f"connecting to {where}", named(source)) from exc
     check = _IdleCheck()
     pool: ConnectionPool[Connection[Any]] = ConnectionPool(
         conninfo,

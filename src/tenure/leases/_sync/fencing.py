@@ -47,6 +47,7 @@ from ...validation import (
     parse_duration,
 )
 
+#: idle_in_transaction_session_timeout is an int of milliseconds: at most 2**31 - 1 ms.
 MAX_IDLE_TIMEOUT = (2**31 - 1) // 1000
 
 
@@ -77,6 +78,7 @@ def fence(
             "mode outside a transaction block: wrap it in `with conn.transaction():`"
         )
     if idle_timeout is True:
+        # A bool where a duration belongs: the wrong type (True would read as 1 second).
         raise InvalidArgumentType("idle_timeout=True means nothing: pass a duration, None or False")
     set_idle = idle_timeout is not False
     idle = (
@@ -85,6 +87,7 @@ def fence(
         else parse_duration(idle_timeout, what="idle_timeout")
     )
     if idle is not None and (not 0 < idle <= MAX_IDLE_TIMEOUT):
+        # 0 would switch the server's timeout off: pass False to leave the setting alone.
         raise InvalidArgument(
             f"idle_timeout {idle_timeout!r} must be more than 0 and at most "
             f"{MAX_IDLE_TIMEOUT}s (about 24 days, PostgreSQL's limit); pass False to leave "
@@ -102,7 +105,7 @@ def fence(
         row = cur.fetchone()
     except psycopg.Error as exc:
         raise translate(exc, f"fencing {job_key!r} with token {token}") from exc
-    assert row is not None
+    assert row is not None  # the statement always returns one row
     if row[0] is None:
         metrics.emit(metrics.STALE, job_key, "fence")
         raise StaleTokenError(job_key, token, row[2], site="fence")

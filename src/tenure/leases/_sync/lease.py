@@ -65,6 +65,7 @@ class Lease:
         self.ttl = ttl
         self.safety_margin = safety_margin
         self._expires_at = grant.expires_at
+        #: When the takeover happened, by the database clock.
         self.acquired_at = grant.acquired_at
         self._acquired_mono = sent_at
         self._deadline = sent_at + ttl - safety_margin
@@ -76,6 +77,7 @@ class Lease:
         self._workers: list[Worker] = []
         self._body_task: Any = None
         self._cancelled_body = False
+        # The renewal's parameters, made at the first renewal (a short run never renews).
         self._renew_for = -1.0
         self._renew_params = _UNSET_RENEW_PARAMS
 
@@ -171,7 +173,7 @@ class Lease:
         """
         self.check()
         ttl = self.ttl
-        if ttl != self._renew_for:
+        if ttl != self._renew_for:  # made once per TTL, not per renewal
             self._renew_for = ttl
             self._renew_params = (dt.timedelta(seconds=ttl), lock_timeout_ms(ttl / 3))
         ttl_param, lock_timeout = self._renew_params
@@ -235,6 +237,7 @@ class Lease:
                 self._lost_reason = "released"
             self._callbacks = []
 
+    # -- background renewal ---------------------------------------------------------------
     def keep(self, body: Any = None) -> None:
         """Renew in the background every ttl/3 and mark the lease lost at its local deadline
         (what ``client.lease()`` does). ``body``: an asyncio task or future to cancel when the
@@ -327,6 +330,8 @@ class LeaseContext:
                 if left <= 0:
                     raise outcome
                 if waiter is None:
+                    # Listen first, then ask again: a release between the busy answer and
+                    # the LISTEN would otherwise go unnoticed until the lease's expiry.
                     waiter = self._client._release_waiter(self._job_key)
                     continue
                 waiter.wait(min(left, waiter.pause(outcome.retry_after)))

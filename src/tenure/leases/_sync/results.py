@@ -69,6 +69,7 @@ class Results:
             rows = self._client.fetch(name, params, doing=doing, wrote=True)
             row = rows[0]
         else:
+            # In the caller's transaction nothing commits here; in autocommit it does.
             idle = conn.pgconn.transaction_status == TransactionStatus.IDLE
             try:
                 cur = conn.execute(self._client._queries[name], params)
@@ -82,6 +83,7 @@ class Results:
             if issued is None or issued < token:
                 raise TokenNotIssued(job_key, token, issued)
             if strict:
+                # Refused by the fence: the newest takeover's token says why.
                 current = issued
             metrics.emit(metrics.STALE, job_key, "result")
             log.warning(

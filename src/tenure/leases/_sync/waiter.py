@@ -37,8 +37,12 @@ from ..._compat import monotonic, sleep
 from ...db._sync.listener import listen_on
 
 log = logging.getLogger("tenure.lease")
+#: Longest pause between two attempts when no notification or expiry can be relied on.
 POLL = 0.5
+#: First pause of that backoff.
 FIRST_POLL = 0.05
+#: Asked again this long after the expiry it was told: takeover needs ``lease_until <
+#: clock_timestamp()``, strictly.
 EXPIRY_SLACK = 0.002
 
 
@@ -70,7 +74,7 @@ class ReleaseWaiter:
         """Seconds to sleep before asking again, after a busy answer with ``retry_after``."""
         expiry = None if retry_after is None else max(retry_after, 0.0) + EXPIRY_SLACK
         if expiry is not None and self._conn is not None:
-            return expiry
+            return expiry  # a release wakes us earlier
         poll = self._poll
         self._poll = min(self._poll * 2, POLL)
         return poll if expiry is None else min(poll, expiry)
@@ -92,6 +96,7 @@ class ReleaseWaiter:
                     if note.payload == self.job_key:
                         return
         except psycopg.Error as exc:
+            # Ask again now; from here on the waiter polls.
             log.debug("listening for releases of %r failed, polling: %s", self.job_key, exc)
             self.close()
 

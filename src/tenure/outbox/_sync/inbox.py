@@ -47,6 +47,8 @@ def claim(conn: Connection[Any], consumer: str, key: str, *, schema: str = "tenu
     check_text(consumer, what="consumer", max_chars=MAX_CONSUMER)
     check_text(key, what="inbox key", max_chars=MAX_KEY, blank_ok=True)
     check_schema(schema)
+    # Outside a transaction the claim would commit on its own, before the side effect: a
+    # failure in between would lose the message for good.
     if conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
         raise InvalidArgument(
             "claim() must run inside your transaction, together with the side effect, but "

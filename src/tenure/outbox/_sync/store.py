@@ -45,6 +45,7 @@ log = logging.getLogger("tenure.outbox")
 MAX_TOPIC = 200
 MAX_KEY = 500
 MAX_LIMIT = 100000
+# ASCII and fullmatch: "$" would accept a trailing newline, \w any Unicode letter.
 _TOPIC = re.compile("[\\w.:/-]+", re.ASCII)
 
 
@@ -66,6 +67,8 @@ def check_key(key: object, *, what: str = "key") -> str:
 
 
 def _check_in_transaction(conn: Connection[Any], what: str) -> None:
+    # In autocommit mode outside a transaction block the statement would commit on its own:
+    # the message would exist even if the caller's fenced work then rolled back.
     if conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
         raise InvalidArgument(
             f"{what} must run inside your transaction, but the connection is in autocommit "
@@ -121,7 +124,7 @@ def enqueue(
     with mapped(f"enqueuing {topic!r} message {key!r}"):
         cur = conn.execute(query(schema, "outbox_enqueue"), params)
         row = cur.fetchone()
-    assert row is not None
+    assert row is not None  # the statement always returns one row
     new = row[0] is not None
     log.debug(
         "outbox %s %r message %r",

@@ -42,9 +42,13 @@ from ..definitions import (
 from ..schedules import NEVER
 
 Target = Client | Connection[Any]
+#: Most schedules one list call returns.
 MAX_PAGE = 10000
+#: Longest pause note.
 MAX_NOTE = 1000
+#: Most slots one backfill runs.
 MAX_BACKFILL = 100000
+#: Seconds a bulk add may take per schedule (beyond the pool's 5 s): 100,000 in one call.
 SECONDS_PER_SCHEDULE = 0.0005
 
 

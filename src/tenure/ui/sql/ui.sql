@@ -7,7 +7,9 @@
 SELECT clock_timestamp();
 
 -- name: ui_overview_jobs
--- Jobs by state. "running": a run is in progress (or unfinished: its holder died and the
+-- Jobs by state, each in one state by the jobs list's precedence (quarantined, paused,
+-- running, failing, idle: scheduler.jobs.job_state), so the tiles add up to the total;
+-- "overdue" is the exception, a subset of the others, and its tile says so. "running": a run is in progress (or unfinished: its holder died and the
 -- slot waits for a retry). "failing": the newest finished run failed. "quarantined": paused
 -- by the scheduler after runs whose worker died (migration 5). "overdue": not paused,
 -- nothing running or triggered, and its next slot passed more than a minute ago: no worker
@@ -16,9 +18,10 @@ WITH clock AS MATERIALIZED (
     SELECT clock_timestamp() AS now
 )
 SELECT count(*) AS total,
-       count(*) FILTER (WHERE j.paused) AS paused,
+       count(*) FILTER (WHERE j.paused AND j.quarantined_at IS NULL) AS paused,
        count(*) FILTER (WHERE NOT j.paused AND j.running_slot IS NOT NULL) AS running,
-       count(*) FILTER (WHERE NOT j.paused AND last.outcome = 'failed') AS failing,
+       count(*) FILTER (WHERE NOT j.paused AND j.running_slot IS NULL
+                          AND last.outcome = 'failed') AS failing,
        count(*) FILTER (WHERE NOT j.paused AND j.running_slot IS NULL AND j.trigger_at IS NULL
                           AND j.next_slot < c.now - interval '1 minute') AS overdue,
        count(*) FILTER (WHERE j.quarantined_at IS NOT NULL) AS quarantined
@@ -41,20 +44,42 @@ FROM {schema}.job_leases;
 -- Run outcomes recorded since %(since)s (a run's row is recorded when it starts). The caller
 -- passes the window's start, computed from ui_clock: compared with clock_timestamp() (or a
 -- subquery on it) the planner cannot estimate the range and scans the whole history.
-SELECT count(*) FILTER (WHERE outcome = 'stale_rejected') AS stale,
-       count(*) FILTER (WHERE outcome = 'lease_lost') AS lost,
-       count(*) FILTER (WHERE outcome = 'failed') AS failed,
-       count(*) FILTER (WHERE started_at IS NOT NULL) AS runs
-FROM {schema}.job_runs
-WHERE recorded_at >= %(since)s;
+-- `tenure exec` runs (exec_runs, by exec_runs_recorded) count as runs too.
+SELECT sum(stale)::bigint AS stale, sum(lost)::bigint AS lost, sum(failed)::bigint AS failed,
+       sum(runs)::bigint AS runs, sum(execs)::bigint AS execs
+FROM (
+    SELECT count(*) FILTER (WHERE outcome = 'stale_rejected') AS stale,
+           count(*) FILTER (WHERE outcome = 'lease_lost') AS lost,
+           count(*) FILTER (WHERE outcome = 'failed') AS failed,
+           count(*) FILTER (WHERE started_at IS NOT NULL) AS runs,
+           0 AS execs
+    FROM {schema}.job_runs
+    WHERE recorded_at >= %(since)s
+    UNION ALL
+    SELECT 0, count(*) FILTER (WHERE outcome = 'lease_lost'),
+           count(*) FILTER (WHERE outcome = 'failed'), count(*), count(*)
+    FROM {schema}.exec_runs
+    WHERE recorded_at >= %(since)s
+) AS both_kinds;
 
 -- name: ui_overview_incidents
 -- The newest stale rejections, lost leases and failures since %(since)s, for the overview.
-SELECT job_key, token, outcome, coalesce(finished_at, recorded_at) AS at, worker_id AS worker, error
-FROM {schema}.job_runs
-WHERE recorded_at >= %(since)s
-  AND outcome IN ('stale_rejected', 'lease_lost', 'failed')
-ORDER BY recorded_at DESC
+-- `tenure exec` runs' failures and lost leases too.
+(SELECT job_key, token, outcome, coalesce(finished_at, recorded_at) AS at,
+        worker_id AS worker, error
+ FROM {schema}.job_runs
+ WHERE recorded_at >= %(since)s
+   AND outcome IN ('stale_rejected', 'lease_lost', 'failed')
+ ORDER BY recorded_at DESC
+ LIMIT 20)
+UNION ALL
+(SELECT job_key, token, outcome, coalesce(finished_at, recorded_at), 'tenure exec',
+        coalesce(error, 'exit code ' || nullif(exit_code, 0))
+ FROM {schema}.exec_runs
+ WHERE recorded_at >= %(since)s AND outcome IN ('lease_lost', 'failed')
+ ORDER BY recorded_at DESC
+ LIMIT 20)
+ORDER BY at DESC
 LIMIT 20;
 
 -- name: ui_outbox_topics
@@ -144,7 +169,8 @@ WITH clock AS MATERIALIZED (
        OR (%(state)s::text = 'paused' AND b.paused AND b.quarantined_at IS NULL)
        OR (%(state)s::text = 'quarantined' AND b.quarantined_at IS NOT NULL)
        OR (%(state)s::text = 'running' AND NOT b.paused AND b.running_slot IS NOT NULL)
-       OR (%(state)s::text = 'failing' AND NOT b.paused AND b.outcome = 'failed')
+       OR (%(state)s::text = 'failing' AND NOT b.paused AND b.running_slot IS NULL
+           AND b.outcome = 'failed')
        OR (%(state)s::text = 'idle' AND NOT b.paused AND b.running_slot IS NULL
            AND b.outcome IS DISTINCT FROM 'failed')
     ORDER BY
@@ -197,7 +223,8 @@ WHERE j.job_key IS NOT NULL OR l.job_key IS NOT NULL OR res.job_key IS NOT NULL;
 
 -- name: ui_timeline
 -- The runs of one job in the window, newest first, at most %(limit)s (job_runs_window), and
--- the run in progress whenever it started (scheduled_jobs.running_token, job_runs_run).
+-- the run in progress whenever it started (scheduled_jobs.running_token, job_runs_run); and
+-- the key's `tenure exec` runs in the window, as in ui_history.
 (SELECT run_id, slot, kind, attempt, token, worker_id AS worker, host, pid, started_at,
         finished_at, outcome, error, recorded_at
  FROM {schema}.job_runs
@@ -211,7 +238,14 @@ UNION
  JOIN {schema}.job_runs AS r
    ON r.job_key = j.job_key AND r.token = j.running_token AND r.started_at IS NOT NULL
  WHERE j.job_key = %(job_key)s)
-ORDER BY run_id;
+UNION
+(SELECT -run_id, started_at, 'exec', 1, token, 'tenure exec', host, pid, started_at,
+        finished_at, outcome, coalesce(error, 'exit code ' || nullif(exit_code, 0)), recorded_at
+ FROM {schema}.exec_runs
+ WHERE job_key = %(job_key)s AND recorded_at >= %(since)s
+ ORDER BY recorded_at DESC
+ LIMIT %(limit)s)
+ORDER BY recorded_at, run_id;
 
 -- name: ui_timeline_dense
 -- A dense window (more runs than the timeline draws one by one), as counts and a few rows:
@@ -222,7 +256,7 @@ ORDER BY run_id;
 -- the newest %(limit)s runs worth a bar of their own (row_kind 'run'): anything but a plain
 -- success on its first attempt (failures, lost leases, refused writes, skips, unfinished
 -- runs, and every retry: the successor of a takeover), from job_runs_notable, whose
--- predicate is this WHERE clause's. Grouping by outcome (not one FILTER per class) and
+-- predicate is this WHERE clause's; and the same for the key's `tenure exec` runs. Grouping by outcome (not one FILTER per class) and
 -- date_bin (not width_bucket over epoch floats) keep 100,000 rows at a few ms of CPU.
 (SELECT 'bin' AS row_kind, date_bin(%(stride)s::interval, recorded_at, %(since)s) AS bin,
         count(*) AS runs,
@@ -243,14 +277,39 @@ UNION ALL
  WHERE job_key = %(job_key)s AND recorded_at >= %(since)s
    AND (outcome <> 'succeeded' OR attempt > 1)
  ORDER BY recorded_at DESC
+ LIMIT %(limit)s)
+UNION ALL
+(SELECT 'bin', date_bin(%(stride)s::interval, recorded_at, %(since)s), count(*), NULL,
+        NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, outcome, NULL, NULL
+ FROM {schema}.exec_runs
+ WHERE job_key = %(job_key)s AND recorded_at >= %(since)s
+ GROUP BY 2, outcome)
+UNION ALL
+(SELECT 'run', NULL, NULL, NULL, -run_id, started_at, 'exec', 1, token, 'tenure exec', host,
+        pid, started_at, finished_at, outcome, coalesce(error, 'exit code ' || nullif(exit_code, 0)),
+        recorded_at
+ FROM {schema}.exec_runs
+ WHERE job_key = %(job_key)s AND recorded_at >= %(since)s AND outcome <> 'succeeded'
+ ORDER BY recorded_at DESC
  LIMIT %(limit)s);
 
 -- name: ui_history
-SELECT run_id, slot, kind, attempt, token, worker_id AS worker, host, pid, started_at,
-       finished_at, outcome, error, recorded_at
-FROM {schema}.job_runs
-WHERE job_key = %(job_key)s
-ORDER BY run_id DESC
+-- The newest runs of one key: the scheduler's (job_runs) and `tenure exec`'s (exec_runs, as
+-- runs of kind 'exec' whose slot is their start; their run_id negated, a sequence of its own).
+(SELECT run_id, slot, kind, attempt, token, worker_id AS worker, host, pid, started_at,
+        finished_at, outcome, error, recorded_at
+ FROM {schema}.job_runs
+ WHERE job_key = %(job_key)s
+ ORDER BY run_id DESC
+ LIMIT %(limit)s)
+UNION ALL
+(SELECT -run_id, started_at, 'exec', 1, token, 'tenure exec', host, pid, started_at,
+        finished_at, outcome, coalesce(error, 'exit code ' || nullif(exit_code, 0)), recorded_at
+ FROM {schema}.exec_runs
+ WHERE job_key = %(job_key)s
+ ORDER BY run_id DESC
+ LIMIT %(limit)s)
+ORDER BY recorded_at DESC
 LIMIT %(limit)s;
 
 -- name: ui_leases
@@ -269,3 +328,27 @@ LEFT JOIN {schema}.scheduled_jobs AS j ON j.job_key = l.job_key
 WHERE %(search)s::text IS NULL OR strpos(lower(l.job_key), lower(%(search)s::text)) > 0
 ORDER BY (l.lease_until >= c.now) DESC, l.job_key
 LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: ui_other_keys
+-- Keys with a lease and no schedule (`tenure exec` commands, the library's bare leases),
+-- with their newest `tenure exec` run if any (exec_runs_history), for the jobs list.
+WITH clock AS MATERIALIZED (
+    SELECT clock_timestamp() AS now
+)
+SELECT l.job_key, l.fencing_token AS token, l.lease_until, l.lease_until >= c.now AS held,
+       l.acquired_at, last.outcome AS last_outcome, last.finished_at AS last_at,
+       last.token AS last_token, c.now,
+       count(*) OVER () AS total
+FROM {schema}.job_leases AS l
+CROSS JOIN clock AS c
+LEFT JOIN LATERAL (
+    SELECT r.outcome, coalesce(r.finished_at, r.recorded_at) AS finished_at, r.token
+    FROM {schema}.exec_runs AS r
+    WHERE r.job_key = l.job_key
+    ORDER BY r.run_id DESC
+    LIMIT 1
+) AS last ON true
+WHERE NOT EXISTS (SELECT FROM {schema}.scheduled_jobs AS j WHERE j.job_key = l.job_key)
+  AND (%(search)s::text IS NULL OR strpos(lower(l.job_key), lower(%(search)s::text)) > 0)
+ORDER BY l.job_key
+LIMIT %(limit)s;
