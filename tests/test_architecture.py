@@ -7,6 +7,7 @@ the other tests do not reach. docs/architecture.md explains the layers.
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +30,8 @@ LAYERS: list[set[str]] = [
     # Integrations use the capabilities (the scheduler, exec's slots, the outbox); the command
     # line never imports them, so that `tenure` loads no framework. `tenure verify` drives the
     # lease core and the scheduler under faults, beside them.
-    {"tenure.observability", "tenure.contrib", "tenure.verify", "tenure.ui"},
+    # tenure.testing: the pytest plugin users load, beside the integrations.
+    {"tenure.observability", "tenure.contrib", "tenure.verify", "tenure.ui", "tenure.testing"},
     {"tenure.cli"},
 ]
 
@@ -304,3 +306,23 @@ def test_the_private_names_check_catches_a_reach() -> None:
         "tenure.outbox.relay:1 imports tenure.leases.client._helper",
         "tenure.outbox.relay:4 client._pool (tenure.leases)",
     ]
+
+
+def test_docs_architecture_names_every_module() -> None:
+    """docs/architecture.md names each module (the generated ``_sync`` twins are named by
+    their ``_async`` source): by its path under src/tenure, or by its file name in a
+    paragraph, table row or list item that names its package."""
+    doc = (SRC.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    chunks = re.split(r"\n\s*\n|\n(?=\|)|\n(?=\s*\* )", doc)
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        if path.name == "__init__.py" or "_sync" in rel.parts:
+            continue
+        package = f"{rel.parts[0]}/" if len(rel.parts) > 1 else ""
+        named = rel.as_posix() in doc or any(
+            path.name in chunk and package in chunk for chunk in chunks
+        )
+        if not named:
+            missing.append(rel.as_posix())
+    assert missing == []
