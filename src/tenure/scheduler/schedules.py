@@ -96,6 +96,11 @@ def normalize_cron(expr: str) -> str:
     if not isinstance(expr, str) or not expr.strip():
         raise InvalidArgument(f"cron must be a cron expression like '0 2 * * *', got {expr!r}")
     text = " ".join(expr.split())
+    if text.lower() == "@reboot":
+        raise InvalidArgument(
+            "cron @reboot is not supported: it has no time of its own that workers could "
+            "share as a slot; run the work at start-up yourself, or use a time-based schedule"
+        )
     text = _ALIASES.get(text.lower(), text)
     fields = len(text.split())
     if fields != 5:
