@@ -26,7 +26,11 @@ the slots in the window (after a warm-up):
 * ``dupes``: slots run twice. Anything but 0 is a failure: the script exits 1;
 * ``early``: runs whose start was recorded before their slot by the database clock (a job
   claimed ahead of its slot must still start at it). Anything but 0 is a failure too;
-* ``saturated``: the workers' "saturated" log lines (see ``tenure.scheduler.saturation``).
+* ``saturated``: the workers' "saturated" log lines (see ``tenure.scheduler.saturation``);
+* ``loop s``: a fixed Python loop (``sum(i*i for i in range(10**7))``) timed just before the
+  row: how fast this machine was then. The same code's lateness and skips move with it (on
+  this 2-core machine it took 0.39 s on a fast day and 0.83 s on a slow one), so compare
+  rows measured in one sitting, side by side (``--compare``), not across days.
 
 ``--compare REF`` runs every row twice, back to back: once with the workers importing tenure
 from ``git archive REF`` (side ``before``), once with this checkout (``after``, or
@@ -357,13 +361,25 @@ def measure(
     }
 
 
+def reference_loop() -> float:
+    """Seconds a fixed Python loop takes now (the machine's speed beside each row)."""
+    began = time.perf_counter()
+    sum(i * i for i in range(10**7))
+    return round(time.perf_counter() - began, 2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dsn", help="PostgreSQL DSN (default: $TENURE_DSN, else local)")
     parser.add_argument("--rates", type=int, nargs="+", default=[2000], help="runs/s asked")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--schedules", nargs="+", default=list(SCHEDULES), choices=list(SCHEDULES))
-    parser.add_argument("--concurrency", type=int, default=128, help="--concurrency per worker")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="concurrency per worker (default: the library's own, as a user gets it)",
+    )
     parser.add_argument("--duration", type=float, default=30.0, help="window, s (65+ for 1m/cron)")
     parser.add_argument("--warmup", type=float, default=5.0, help="seconds before the window")
     parser.add_argument("--async-jobs", action="store_true", help="async no-op jobs")
@@ -407,8 +423,10 @@ def main() -> None:
                 say(
                     f"{side}: {rate}/s asked, {schedule}, {workers} workers, {kind} ...", flush=True
                 )
+                loop_s = reference_loop()
                 result = measure(base, rate, workers, schedule, args, src, Path(tmp), f"{n}-{side}")
                 result["side"] = side
+                result["loop_s"] = loop_s
                 result["load"] = [round(x, 2) for x in os.getloadavg()]
                 results.append(result)
                 failed = failed or result["dupes"] > 0 or result["early"] > 0
@@ -420,7 +438,7 @@ def main() -> None:
         head = (
             "| side | kind | asked/s | schedule | workers | jobs | runs/s "
             "| late p50 / p99 / max ms "
-            "| skipped | behind | dupes | early | saturated lines | load 1m |"
+            "| skipped | behind | dupes | early | saturated lines | load 1m | loop s |"
         )
         print()
         print(head)
@@ -430,7 +448,7 @@ def main() -> None:
                 f"| {r['side']} | {r['kind']} | {r['rate']:,} | {r['schedule']} | {r['workers']} | "
                 f"{r['jobs']:,} | {r['runs_per_s']:,} | {r['p50_ms']:,} / {r['p99_ms']:,} / "
                 f"{r['max_ms']:,} | {r['skipped']:,} | {r['behind']:,} | {r['dupes']} | "
-                f"{r['early']} | {r['saturated_lines']} | {r['load'][0]} |"
+                f"{r['early']} | {r['saturated_lines']} | {r['load'][0]} | {r['loop_s']} |"
             )
         for r in results:
             if r["timeline"]:

@@ -64,7 +64,9 @@ def _build_app() -> tenure.Scheduler | None:
     jobs = int(os.environ.get("BENCH_JOBS", "0"))
     if not jobs:
         return None
-    built = tenure.Scheduler(concurrency=int(os.environ.get("BENCH_CONCURRENCY", "16")))
+    # BENCH_CONCURRENCY empty: the library's own default (bench_scale.py without --concurrency).
+    concurrency = os.environ.get("BENCH_CONCURRENCY", "16")
+    built = tenure.Scheduler(**({"concurrency": int(concurrency)} if concurrency else {}))
     fn = _anoop if os.environ.get("BENCH_ASYNC") == "1" else _noop
     if os.environ.get("BENCH_RUNTIME") == "1":
         # Runtime schedules (issue 27): the code has one task, the driver adds the schedules
@@ -197,7 +199,7 @@ def env_for(
         TENURE_LOG_LEVEL="info",
         BENCH_JOBS=str(jobs),
         BENCH_MODE=mode,
-        BENCH_CONCURRENCY=str(args.concurrency),
+        BENCH_CONCURRENCY="" if args.concurrency is None else str(args.concurrency),
         BENCH_ASYNC="1" if args.async_jobs else "0",
         BENCH_RUNTIME="1" if getattr(args, "runtime", False) else "0",
     )

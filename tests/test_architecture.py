@@ -30,7 +30,8 @@ LAYERS: list[set[str]] = [
     # Integrations use the capabilities (the scheduler, exec's slots, the outbox); the command
     # line never imports them, so that `tenure` loads no framework. `tenure verify` drives the
     # lease core and the scheduler under faults, beside them.
-    {"tenure.observability", "tenure.contrib", "tenure.verify", "tenure.ui"},
+    # tenure.testing: the pytest plugin users load, beside the integrations.
+    {"tenure.observability", "tenure.contrib", "tenure.verify", "tenure.ui", "tenure.testing"},
     {"tenure.cli"},
 ]
 

@@ -51,7 +51,9 @@ def test_license_is_an_spdx_expression_with_its_file() -> None:
 
 def test_dev_tools_are_a_dependency_group_not_a_published_extra() -> None:
     assert "dev" not in PYPROJECT["project"]["optional-dependencies"]
-    assert any(d.startswith("pytest>=") for d in PYPROJECT["dependency-groups"]["dev"])
+    groups = PYPROJECT["dependency-groups"]
+    assert {"include-group": "test"} in groups["dev"]
+    assert any(d.startswith("pytest>=") for d in groups["test"])
     script = (ROOT / "scripts" / "test").read_text()
     assert "--group dev" in script and "pip>=25.1" in script
 

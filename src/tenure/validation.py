@@ -28,8 +28,10 @@ MAX_IDENTIFIER_BYTES = 63
 MAX_JSON_DEPTH = 100
 #: Largest value of a PostgreSQL bigint (tokens, message ids, limits).
 MAX_BIGINT = 2**63 - 1
-#: Most runs in flight on one scheduler worker (sync jobs each take a thread).
+#: Most job bodies running at once on one scheduler worker (sync ones each take a thread).
 MAX_CONCURRENCY = 10_000
+#: Largest claim_ahead / finish_backlog a worker accepts (runs held without a body).
+MAX_QUEUE = 100_000
 
 # Matched on the stripped text, so no two optional runs of spaces are adjacent (they made
 # the match quadratic on long input). re.ASCII: "٣s" is not a duration.

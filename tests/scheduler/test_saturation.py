@@ -193,7 +193,8 @@ def test_sync_bodies_ending_together_wake_the_loop_once_not_once_each() -> None:
         loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
         gate = threading.Event()
         futures = [
-            in_thread(lambda ctx: gate.wait(30) and body(ctx), None, f"t{i}") for i in range(bodies)
+            in_thread(lambda ctx: gate.wait(30) and body(ctx), None, f"t{i}", lambda: None)
+            for i in range(bodies)
         ]
         gate.set()
         while ended < bodies:  # the loop stays busy (blocked) while every body ends

@@ -22,6 +22,7 @@ from tenure.db.channels import channel
 from tenure.db.queries import query as named_query
 from tenure.scheduler import jobs as ops
 from tenure.scheduler.claim import Finished, RunIdentity, finish_params
+from tenure.scheduler.worker import SCHEMA_VERSION
 from tests.support.scheduler_apps import NEVER
 from tests.support.scheduler_support import InProcessWorker, claim_batch, prepare, query, wait_for
 
@@ -317,7 +318,7 @@ def test_a_worker_refuses_a_schema_before_the_one_it_needs(dsn: str, schema: str
     with pytest.raises(AssertionError, match="worker failed"):
         worker.__enter__()
     assert isinstance(worker.error, tenure.SchemaNotReady), worker.error
-    assert "version 11, need 13" in str(worker.error)
+    assert f"version 11, need {SCHEMA_VERSION}" in str(worker.error)
     assert "tenure migrate" in str(worker.error)
 
 

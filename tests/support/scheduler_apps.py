@@ -14,6 +14,7 @@ history, and a run whose token was superseded cannot add a row.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import gc
 import os
@@ -264,6 +265,49 @@ collector_probe = tenure.Scheduler()
 @collector_probe.job("gc-probe", every="1s", ttl="5s")
 def gc_probe(ctx: tenure.JobContext) -> None:
     record(ctx, f"threshold={gc.get_threshold()[0]} frozen={gc.get_freeze_count() > 0}")
+
+
+# -- gated: two jobs whose bodies wait for a file, on a worker with one body slot -------------
+
+
+def _gated(ctx: tenure.JobContext) -> None:
+    record(ctx, "started")
+    gate = os.environ["SCHED_GATE"]
+    while not os.path.exists(gate):
+        if ctx.wait(0.05):
+            ctx.check()  # raises: the lease is lost or the worker stops
+    record(ctx, "finished")
+
+
+def gated_app(dsn: str | None = None, schema: str = "tenure") -> tenure.Scheduler:
+    """``gate-a`` and ``gate-b`` (triggered by the tests) on a worker with one body slot;
+    the tests register the same definitions before they start the worker."""
+    app = tenure.Scheduler(dsn, schema=schema, concurrency=1, name="gated")
+    for key in ("gate-a", "gate-b"):
+        app.add_job(key, _gated, cron=NEVER, ttl=_TTL)
+    return app
+
+
+gated = gated_app()
+
+
+# -- stubborn: bodies that do not stop when their worker shuts down (triggered by the tests) ---
+
+stubborn = tenure.Scheduler(name="stubborn", shutdown_grace="1s")
+
+
+@stubborn.job("stubborn-sync", cron=NEVER, ttl="30s", quarantine_after=2)
+def stubborn_sync(ctx: tenure.JobContext) -> None:
+    record(ctx, "started")
+    time.sleep(10**6)  # never looks at ctx: nothing can stop it
+
+
+@stubborn.job("stubborn-async", cron=NEVER, ttl="30s", quarantine_after=2)
+async def stubborn_async(ctx: tenure.JobContext) -> None:
+    await record_async(ctx, "started")
+    while True:
+        with contextlib.suppress(asyncio.CancelledError):  # a body that refuses cancellation
+            await asyncio.sleep(1000)
 
 
 # -- tasks: runtime schedules (issue 27): tasks in code, schedules in the database ------------

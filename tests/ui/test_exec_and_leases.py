@@ -7,9 +7,13 @@ from __future__ import annotations
 import datetime as dt
 import re
 
+import psycopg
+
 import tenure
-from tenure.ui.timeline import WIDTH, render
+from tenure.ui.data import Run
+from tenure.ui.timeline import GLYPH, LABEL, WIDTH, render
 from tests.support.env import run_tenure, tenure_env
+from tests.support.ui import register_job
 from tests.ui.test_page_safety import pages
 
 
@@ -67,3 +71,95 @@ def test_the_last_axis_label_stays_inside_the_frame() -> None:
             left = {"start": 0.0, "middle": width / 2, "end": width}[anchor]
             x = float(px)
             assert x - left >= 0 and x - left + width <= WIDTH, (span, px, anchor, label)
+
+
+def test_the_overview_tiles_are_disjoint(dsn: str, schema: str) -> None:
+    """Each job is counted on one state tile, by the jobs list's precedence (quarantined,
+    paused, running, failing, idle): the tiles add up to the total and each tile's number
+    is what its link lists."""
+    for key in ("poison", "held", "busy", "broken", "calm"):
+        register_job(dsn, schema, key)
+    ident = psycopg.sql.Identifier(schema)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            psycopg.sql.SQL(
+                "UPDATE {}.scheduled_jobs SET paused = true, paused_at = now(), "
+                "quarantined_at = now(), quarantine_reason = 'crashed' WHERE job_key = 'poison'"
+            ).format(ident)
+        )
+        conn.execute(
+            psycopg.sql.SQL(
+                "UPDATE {}.scheduled_jobs SET paused = true, paused_at = now() "
+                "WHERE job_key = 'held'"
+            ).format(ident)
+        )
+        conn.execute(
+            psycopg.sql.SQL(
+                "UPDATE {}.scheduled_jobs SET running_slot = next_slot, running_token = 2 "
+                "WHERE job_key = 'busy'"
+            ).format(ident)
+        )
+        # 'busy' (running) and 'broken' (idle) both failed their last run.
+        for key in ("busy", "broken"):
+            conn.execute(
+                psycopg.sql.SQL(
+                    "INSERT INTO {}.job_runs (job_key, slot, kind, attempt, token, worker_id, "
+                    "host, pid, started_at, finished_at, outcome, error) VALUES "
+                    "(%s, now(), 'manual', 1, 1, 'w', 'h', 1, now(), now(), 'failed', 'boom')"
+                ).format(ident),
+                (key,),
+            )
+    states = ("running", "idle", "paused", "quarantined", "failing")
+    results = pages(dsn, schema, ("/", ""), *[("/jobs", f"state={state}") for state in states])
+    assert all(status == 200 for status, _ in results)
+    overview = results[0][1]
+    tiles = {state: int(n) for n, state in re.findall(r'state=\w+"><b>(\d+)</b> (\w+)', overview)}
+    assert tiles == {"running": 1, "idle": 1, "paused": 1, "quarantined": 1, "failing": 1}
+    assert sum(tiles.values()) == 5 and "Scheduled jobs (5)" in overview
+    for state, (_status, listed) in zip(states, results[1:], strict=True):
+        assert listed.count('<a href="/job?key=') == tiles[state], state
+
+
+def _labelled(svg: str) -> set[int]:
+    """The tokens the timeline's visible labels name: "#7", "✓7" beside a bar, "#3–#9"."""
+    out: set[int] = set()
+    for text in re.findall(r'<text class="label[^"]*"[^>]*>([^<]*)</text>', svg):
+        for a, b in re.findall(r"#?(\d+)(?:–#(\d+))?", text.split(" w")[0]):
+            out.update(range(int(a), int(b or a) + 1))
+    return out
+
+
+def test_a_busy_cluster_keeps_its_token_labels() -> None:
+    # 40 short runs 0.3 s apart in a minute: bars too narrow for a label each, and too
+    # close for one beside each; then two lone runs with room for their own labels.
+    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    runs = [
+        Run(
+            run_id=token,
+            slot=t0,
+            kind="manual",
+            attempt=1,
+            token=token,
+            worker="w",
+            host="h",
+            pid=1,
+            started_at=t0 + dt.timedelta(seconds=at),
+            finished_at=t0 + dt.timedelta(seconds=at + 0.1),
+            outcome="succeeded",
+            error=None,
+            recorded_at=t0 + dt.timedelta(seconds=at),
+        )
+        for token, at in [(n, 5 + 0.3 * n) for n in range(1, 41)] + [(41, 40.0), (42, 50.0)]
+    ]
+    tl = render(runs, since=t0, now=t0 + dt.timedelta(seconds=60), job_key="k")
+    assert _labelled(tl.svg) == set(range(1, 43)), tl.svg
+
+
+def test_the_legend_names_every_mark_the_timeline_draws(dsn: str, schema: str) -> None:
+    register_job(dsn, schema)
+    [(status, page)] = pages(dsn, schema, ("/job", "key=report"))
+    assert status == 200
+    legend = re.search(r'<p class="legend">(.*?)</p>', page, re.S)
+    assert legend is not None, page
+    for outcome, glyph in GLYPH.items():
+        assert f"{glyph} {LABEL[outcome]}" in legend.group(1), outcome

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from ..validation import MAX_CONCURRENCY
+from ..validation import MAX_CONCURRENCY, MAX_QUEUE
 
 #: PostgreSQL's bigint: tokens and message ids beyond it cannot exist.
 BIGINT_MAX = 2**63 - 1
@@ -45,6 +45,7 @@ TOKEN = click.IntRange(1, BIGINT_MAX)
 MESSAGE_ID = click.IntRange(1, BIGINT_MAX)
 LIMIT = click.IntRange(1, LIMIT_MAX)
 CONCURRENCY = click.IntRange(1, MAX_CONCURRENCY)
+QUEUE = click.IntRange(1, MAX_QUEUE)
 
 
 def check_ttl_option(ctx: click.Context, param: click.Parameter, value: float) -> float:

@@ -25,7 +25,7 @@ from .common import (
     serve_from_cli,
     setup_logs,
 )
-from .params import CONCURRENCY, DURATION, LIMIT, retention_options
+from .params import CONCURRENCY, DURATION, LIMIT, QUEUE, retention_options
 from .tables import printable
 
 if TYPE_CHECKING:
@@ -100,8 +100,28 @@ def _check_app_path(ctx: click.Context, param: click.Parameter, value: str) -> s
     default=None,
     envvar="TENURE_CONCURRENCY",
     show_envvar=True,
-    help="Most runs in flight on this worker (sync jobs each take a thread). "
+    help="Most job bodies running at once on this worker (sync ones each take a thread); "
+    "runs claimed ahead of their slots and runs whose end is being recorded do not count. "
     "[default: the app's, 8]",
+)
+@click.option(
+    "--claim-ahead",
+    type=QUEUE,
+    default=None,
+    envvar="TENURE_CLAIM_AHEAD",
+    show_envvar=True,
+    help="Most claimed runs whose bodies have not begun (claimed ahead of their slots, being "
+    "started, or waiting for a body slot); the worker claims nothing more while it has as "
+    "many. [default: the app's, 1000]",
+)
+@click.option(
+    "--finish-backlog",
+    type=QUEUE,
+    default=None,
+    envvar="TENURE_FINISH_BACKLOG",
+    show_envvar=True,
+    help="Most ended runs whose end is not recorded yet (the finisher records them in "
+    "batches); the worker claims nothing more while it has as many. [default: the app's, 1000]",
 )
 @click.option(
     "--shutdown-grace",
@@ -192,6 +212,8 @@ def worker_command(
     log_format: str,
     app: str,
     concurrency: int | None,
+    claim_ahead: int | None,
+    finish_backlog: int | None,
     shutdown_grace: float | None,
     migrate: bool,
     adopt: bool,
@@ -250,6 +272,10 @@ def worker_command(
         scheduler.migrate = True
     if vacuum_every is not None:
         scheduler.vacuum_every = vacuum_every
+    if claim_ahead is not None:
+        scheduler.claim_ahead = claim_ahead
+    if finish_backlog is not None:
+        scheduler.finish_backlog = finish_backlog
     if given("retention") or given("inbox_retention"):
         from ..db.retention import Retention
 
@@ -295,6 +321,16 @@ def worker_command(
     finally:
         if dashboard is not None:
             dashboard.close()
+    if scheduler.left_behind:
+        # A job body that did not stop still runs in this process (a thread, a task, an
+        # executor thread that interpreter exit would join): the worker said it stopped, so
+        # the process ends now. Its runs are recorded 'abandoned' and handed over.
+        import logging
+
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 @click.group("jobs", context_settings=CONTEXT)

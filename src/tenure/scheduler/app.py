@@ -22,7 +22,7 @@ How it works (details in :mod:`tenure.scheduler.worker` and ``db/sql/scheduler.s
 * A run keeps ``running_slot`` set until it finishes. If its holder dies or loses its lease,
   the lease expires and the next claim retries the slot with a higher token
   (``on_crash="retry"``) or records it abandoned (``"skip"``).
-* Sync job functions run in threads (at most ``concurrency`` runs at once), async ones on the
+* Sync job functions run in threads (at most ``concurrency`` bodies at once), async ones on the
   worker's event loop. The lease is renewed every ttl/3 while the job runs; when it is lost,
   an async job is cancelled and a sync job sees ``ctx.check()`` raise and ``ctx.cancelled``.
 """
@@ -37,7 +37,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from types import MappingProxyType
 from typing import Any, TypeVar
 
@@ -45,6 +45,7 @@ from ..db.retention import DEFAULT_INBOX_RETENTION, DEFAULT_RETENTION, Retention
 from ..errors import InvalidArgument
 from ..validation import (
     MAX_CONCURRENCY,
+    MAX_QUEUE,
     Duration,
     check_dsn,
     check_int,
@@ -68,6 +69,11 @@ F = TypeVar("F", bound=JobFunction)
 
 DEFAULT_TTL = "30s"
 DEFAULT_CONCURRENCY = 8
+#: Claimed runs whose bodies have not begun, per worker (claimed ahead of their slots, being
+#: started, waiting for a body slot): room for 0.2 s of fire-ahead at 5,000 runs/s.
+DEFAULT_CLAIM_AHEAD = 1000
+#: Ended runs whose end the batching finisher has not recorded yet, per worker.
+DEFAULT_FINISH_BACKLOG = 1000
 DEFAULT_SHUTDOWN_GRACE = "30s"
 #: Where a job body runs: in the worker ("none") or in a child process ("process").
 ISOLATIONS = ("none", "process")
@@ -77,7 +83,13 @@ class Scheduler:
     """A set of scheduled jobs and the worker that runs them.
 
     ``dsn``/``schema``: as in :func:`tenure.connect` (the ``tenure worker`` command's
-    ``--dsn``/``--schema`` override them). ``concurrency``: most runs in flight per worker.
+    ``--dsn``/``--schema`` override them). ``concurrency``: most job bodies running at once
+    per worker (a run whose slot comes while all are busy waits for one, its lease renewed).
+    ``claim_ahead``: most claimed runs per worker whose bodies have not begun (claimed ahead
+    of their slots, being started, waiting for a body); ``finish_backlog``: most ended runs
+    per worker whose end is not recorded yet (the finisher records them in batches). Neither
+    counts against ``concurrency``; a full one makes the worker claim nothing more until
+    there is room.
     ``shutdown_grace``: how long a stopping worker lets running jobs finish.
     ``history_retention``: history older than this is pruned by the workers: run histories
     (the scheduler's and ``tenure exec``'s), completed slots no run can name again and
@@ -99,6 +111,8 @@ class Scheduler:
         name: str | None = None,
         schema: str = "tenure",
         concurrency: int = DEFAULT_CONCURRENCY,
+        claim_ahead: int = DEFAULT_CLAIM_AHEAD,
+        finish_backlog: int = DEFAULT_FINISH_BACKLOG,
         shutdown_grace: Duration = DEFAULT_SHUTDOWN_GRACE,
         history_retention: Duration = DEFAULT_RETENTION,
         inbox_retention: Duration = DEFAULT_INBOX_RETENTION,
@@ -109,6 +123,10 @@ class Scheduler:
         self.dsn = check_dsn(dsn)
         self.schema = check_schema(schema)
         self.concurrency = _check_concurrency(concurrency)
+        self.claim_ahead = check_int(claim_ahead, what="claim_ahead", minimum=1, maximum=MAX_QUEUE)
+        self.finish_backlog = check_int(
+            finish_backlog, what="finish_backlog", minimum=1, maximum=MAX_QUEUE
+        )
         self.shutdown_grace = _check_grace(shutdown_grace)
         self.retention = Retention.of(history_retention, inbox_retention, what="history_retention")
         self.pool_size = check_int(pool_size, what="pool_size", minimum=2, maximum=1000)
@@ -122,6 +140,8 @@ class Scheduler:
         self._jobs: dict[str, JobSpec] = {}
         self._tasks: dict[str, TaskSpec] = {}
         self._worker: Worker | None = None
+        #: Runs the last worker stopped without, because their bodies did not stop.
+        self.left_behind = 0
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def __repr__(self) -> str:
@@ -291,8 +311,11 @@ class Scheduler:
         shutdown_grace: Duration | None = None,
         adopt: bool = False,
     ) -> None:
-        """Run a worker until SIGTERM/SIGINT (a second one cancels running jobs)."""
-        asyncio.run(
+        """Run a worker until SIGTERM/SIGINT (a second one cancels running jobs) on an event
+        loop of its own. Unlike ``asyncio.run``, it returns once the worker has stopped even if
+        a job body refused to (an async body that swallows CancelledError): such a run is
+        recorded 'abandoned' and its task left behind (:attr:`left_behind` counts them)."""
+        _run_loop(
             self.run_async(concurrency=concurrency, shutdown_grace=shutdown_grace, adopt=adopt)
         )
 
@@ -334,6 +357,7 @@ class Scheduler:
             for sig in handled:
                 loop.remove_signal_handler(sig)
             self._worker, self._loop = None, None
+            self.left_behind = worker.left_behind
 
     def settings(
         self,
@@ -359,6 +383,8 @@ class Scheduler:
                 self.shutdown_grace if shutdown_grace is None else _check_grace(shutdown_grace)
             ),
             adopt=adopt,
+            claim_ahead=self.claim_ahead,
+            finish_backlog=self.finish_backlog,
         )
 
     @property
@@ -404,6 +430,32 @@ class Scheduler:
 
     def register(self, *, adopt: bool = False) -> None:
         asyncio.run(self.register_async(adopt=adopt))
+
+
+#: Seconds tasks still pending when a worker has stopped get after their cancellation.
+LEFTOVER_WAIT = 1.0
+
+
+def _run_loop(main: Coroutine[Any, Any, None]) -> None:
+    """``asyncio.run(main)``, except that tasks still pending when ``main`` returns get
+    :data:`LEFTOVER_WAIT` after their cancellation instead of forever (asyncio.run waits for
+    each: one job body that swallows CancelledError kept a stopped worker alive), and the
+    default executor's threads are not waited for (one blocked there would do the same)."""
+    loop = asyncio.new_event_loop()
+    try:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(main)
+    finally:
+        try:
+            pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.wait(pending, timeout=LEFTOVER_WAIT))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
 
 
 def _check_signature(key: str, fn: Callable[..., Any]) -> None:

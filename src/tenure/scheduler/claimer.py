@@ -18,8 +18,9 @@ from .. import metrics
 from .._acompat import monotonic
 from ..errors import InvalidArgument, TenureError
 from .attached import OnClient
+from .bodies import BodyLimit
 from .claim import Claim, claims_from_rows
-from .execution import Run
+from .finisher import Finisher
 from .rows import ClaimRow
 from .saturation import Saturation
 from .schedules import Plan, Schedule, plan
@@ -40,8 +41,8 @@ FIRE_AHEAD = 0.2
 
 
 class Claimer(OnClient):
-    """One worker's claim loop. ``running``: the worker's runs in flight; ``wake``: set by
-    anything that may make claiming worth it (a notification, a run's end, a stop)."""
+    """One worker's claim loop. ``wake``: set by anything that may make claiming worth it (a
+    notification, a run's end, a body slot or claim room freed, a stop)."""
 
     def __init__(
         self,
@@ -50,16 +51,19 @@ class Claimer(OnClient):
         *,
         tasks: Mapping[str, TaskSpec] | None = None,
         starter: Starter,
-        running: dict[tuple[str, int], Run],
+        finisher: Finisher,
+        limit: BodyLimit,
         wake: asyncio.Event,
         saturation: Saturation,
     ) -> None:
         self.app_name = settings.app
-        self.concurrency = settings.concurrency
+        self.claim_ahead = settings.claim_ahead
+        self.finish_backlog = settings.finish_backlog
         self.specs = specs
         self.tasks: Mapping[str, TaskSpec] = {} if tasks is None else tasks
         self.starter = starter
-        self._running = running
+        self.finisher = finisher
+        self.limit = limit
         self._wake = wake
         self.saturation = saturation
         self._stopping = False
@@ -75,7 +79,7 @@ class Claimer(OnClient):
         failures = 0
         while not self._stopping:
             self._wake.clear()
-            free = self.concurrency - len(self._running) - self.starter.starting
+            free = self._room()
             delay = MAX_IDLE
             if free > 0:
                 sent = monotonic()  # the lease's local deadline counts from here
@@ -121,6 +125,19 @@ class Claimer(OnClient):
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(delay):
                     await self._wake.wait()
+
+    def _room(self) -> int:
+        """How many jobs the next claim may take: none while every body slot is busy or a run
+        waits for one (more claims would only hold leases that other workers could run);
+        else claimed runs whose bodies have not begun (claimed ahead of their slots, being
+        started, waiting for a body slot) up to ``claim_ahead``, ended runs whose end is not
+        recorded up to ``finish_backlog``. Whichever frees room wakes the loop."""
+        if not self.limit.room():
+            return 0
+        unstarted = self.starter.starting + self.limit.waiting
+        if unstarted >= self.claim_ahead:
+            self.starter.wake_claims = True
+        return min(self.claim_ahead - unstarted, self.finish_backlog - self.finisher.backlog)
 
     async def _sleep_unless_stopping(self, seconds: float) -> None:
         end = asyncio.get_running_loop().time() + seconds

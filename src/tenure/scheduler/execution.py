@@ -27,12 +27,16 @@ from typing import Any
 from .. import tracing
 from ..errors import LeaseLost, StaleTokenError
 from ..leases._async.lease import AsyncLease
+from .bodies import BodyLimit
 from .claim import RunIdentity, run_fields
 from .context import JobContext
 from .isolation import ChildFailed, run_isolated
 from .spec import JobSpec
 
 log = logging.getLogger("tenure.scheduler")
+
+#: The error of a run stopped by its worker's shutdown.
+HANDED_OVER = "the worker shut down before the run finished; the slot is handed over"
 
 
 @dataclass(eq=False)
@@ -51,6 +55,11 @@ class Run:
     #: Its history row is written ('running', sched_running), or its end is queued.
     row_written: bool = False
     ended: bool = False
+
+    @property
+    def threaded(self) -> bool:
+        """Its body runs in a thread of this process (a sync function, not isolated)."""
+        return self.spec.isolation != "process" and not self.spec.is_async
 
 
 class BodyRaised(Exception):
@@ -81,29 +90,32 @@ def describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-async def execute(run: Run) -> tuple[str, str | None, float]:
-    """Run the job body under its lease (renewed every ttl/3); returns its outcome, the error
-    (None on success) and how long it took. Never raises for what the body did. With
-    OpenTelemetry, inside a ``tenure.run`` span that the body's own spans nest under."""
+async def execute(run: Run, limit: BodyLimit) -> tuple[str, str | None, float]:
+    """Run the job body under its lease (renewed every ttl/3), once ``limit`` has a body slot
+    for it; returns its outcome, the error (None on success) and how long the body took.
+    Never raises for what the body did. With OpenTelemetry, inside a ``tenure.run`` span
+    that the body's own spans nest under."""
     if not tracing.enabled():
-        return await _execute(run)
+        return await _execute(run, limit)
     ident = run.ident
     lateness = (ident.started_at - ident.slot).total_seconds()
     with tracing.run_span(
         ident.job_key, ident.token, ident.slot, ident.kind, ident.attempt, lateness
     ) as span:
-        outcome, error, took = await _execute(run)
+        outcome, error, took = await _execute(run, limit)
         span.outcome(outcome, error)
     return outcome, error, took
 
 
-async def _execute(run: Run) -> tuple[str, str | None, float]:
+async def _execute(run: Run, limit: BodyLimit) -> tuple[str, str | None, float]:
     loop = asyncio.get_running_loop()
     key, token = run.ident.job_key, run.ident.token
     began = loop.time()
     outcome, error = "succeeded", None
     lease, ctx = run.lease, run.ctx
     keeper: asyncio.TimerHandle | None = None
+    holding = released_by_thread = False
+    threaded = run.threaded
     if log.isEnabledFor(logging.DEBUG):  # formatting the slot costs a run more than its no-op
         extra = run_fields(key, token, run.ident.slot)
         log.debug("job %r slot %s starts with token %s", key, extra["slot"], token, extra=extra)
@@ -115,6 +127,11 @@ async def _execute(run: Run) -> tuple[str, str | None, float]:
         await lease.stop_keeping()
         return "lease_lost", f"answered after the lease's local deadline: {lease.lost_reason}", 0.0
     try:
+        kept = False
+        if not limit.take():
+            kept = await _wait_for_slot(run, limit)
+            began = loop.time()
+        holding = True
         if run.spec.isolation == "process":
             # The body runs in a child process; cancelling this future stops the child.
             info = ctx._client.conninfo  # as connected (else: the same resolution)
@@ -124,19 +141,27 @@ async def _execute(run: Run) -> tuple[str, str | None, float]:
                 _guarded(run.spec.fn, ctx, lambda: run.shutdown or lease.lost)
             )
         else:
-            body = in_thread(run.spec.fn, ctx, f"tenure-job-{key}")
+            body = in_thread(run.spec.fn, ctx, f"tenure-job-{key}", limit.release)
+            released_by_thread = True
         # Renew every ttl/3 and mark the lease lost at its local deadline (cancelling an
         # async or isolated body then), from ttl/3 on: nothing can be due before, and most
         # runs end sooner, so they never pay for the keeper's two tasks (bench/README.md).
-        threaded = run.spec.isolation != "process" and not run.spec.is_async
-        due = lease.deadline_in - lease.ttl * 2 / 3 + lease.safety_margin  # acquire + ttl/3
-        keeper = loop.call_later(max(0.0, due), _keep, lease, body, not threaded)
+        if not kept:
+            due = lease.deadline_in - lease.ttl * 2 / 3 + lease.safety_margin  # acquire + ttl/3
+            keeper = loop.call_later(max(0.0, due), _keep, lease, body, not threaded)
+        elif not threaded:  # kept since its wait: a lost lease cancels the body from now on
+            lease.on_lost(lambda _lease: body.cancel())
         run.body = body
         await body
         if ctx._stale:
             outcome, error = "stale_rejected", "a fenced write was rejected (caught by the job)"
         elif lease.lost:
             outcome, error = "lease_lost", lease.lost_reason
+        elif threaded and run.shutdown:
+            # Returned after the worker told it to stop (ctx.wait() returned True): stopped,
+            # not done, as when the worker stopped waiting for its thread at once.
+            outcome = "cancelled"
+            error = HANDED_OVER
     except StaleTokenError as exc:
         outcome, error = "stale_rejected", str(exc)
     except LeaseLost as exc:
@@ -150,7 +175,7 @@ async def _execute(run: Run) -> tuple[str, str | None, float]:
             outcome, error = "lease_lost", f"cancelled: {lease.lost_reason}"
         elif run.shutdown:
             outcome = "cancelled"
-            error = "the worker shut down before the run finished; the slot is handed over"
+            error = HANDED_OVER
         else:
             # A sync body raised CancelledError itself: its failure, not a cancellation.
             outcome, error = "failed", describe_error(exc)
@@ -175,8 +200,45 @@ async def _execute(run: Run) -> tuple[str, str | None, float]:
     finally:
         if keeper is not None:
             keeper.cancel()
+        if holding:
+            if not released_by_thread:
+                limit.release()
+            limit.grant()
         await lease.stop_keeping()
     return outcome, error, loop.time() - began
+
+
+async def _wait_for_slot(run: Run, limit: BodyLimit) -> bool:
+    """Wait in line for a body slot (every one was busy when the run's slot came), the lease
+    renewed meanwhile from ttl/3 on as for a body; returns whether its keeper started. A
+    lost lease or a stop ends the wait by raising CancelledError: the body never runs."""
+    loop = asyncio.get_running_loop()
+    lease = run.lease
+    waiting = limit.wait()
+    run.body = waiting  # a stopping worker cancels it as it would a body
+    lease.on_lost(lambda _lease: waiting.cancel())
+    kept: list[bool] = []
+
+    def keep() -> None:
+        kept.append(True)
+        lease.keep()
+
+    due = lease.deadline_in - lease.ttl * 2 / 3 + lease.safety_margin  # acquire + ttl/3
+    keeper = loop.call_later(max(0.0, due), keep)
+    try:
+        await waiting
+    except asyncio.CancelledError:
+        limit.forget(waiting)
+        if limit.closed:
+            run.shutdown = True  # the worker stops: the run is handed over, not failed
+        raise
+    finally:
+        keeper.cancel()
+    if lease.lost or run.shutdown:  # lost as the slot came: the slot goes on to the next
+        limit.release()
+        limit.grant()
+        raise asyncio.CancelledError
+    return bool(kept)
 
 
 def _keep(lease: AsyncLease, body: asyncio.Future[Any], cancel_body: bool) -> None:
@@ -283,9 +345,12 @@ _deliveries: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Deliveries] =
 )
 
 
-def in_thread(fn: Any, ctx: JobContext, name: str) -> asyncio.Future[Any]:
+def in_thread(
+    fn: Any, ctx: JobContext, name: str, release: Callable[[], None]
+) -> asyncio.Future[Any]:
     """Run ``fn(ctx)`` in a daemon thread (named ``name`` while it runs); the returned future
-    gets its outcome."""
+    gets its outcome. ``release`` is called in the thread as soon as ``fn`` returns (its body
+    slot is free before the outcome reaches the event loop)."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Any] = loop.create_future()
     deliveries = _deliveries.get(loop)
@@ -315,6 +380,7 @@ def in_thread(fn: Any, ctx: JobContext, name: str) -> asyncio.Future[Any]:
             outcome = (True, value)
         finally:
             thread.name = "tenure-job"
+            release()
         deliveries.put(deliver, *outcome)
 
     _threads.submit(target)

@@ -1,7 +1,8 @@
 """The end of a run: ``sched_finish`` for batches of ended runs (one statement in flight at a
 time, retried on a lost connection) and ``sched_running`` for runs that outlive
-:data:`RUNNING_ROW_AFTER`. A run counts against the worker's concurrency until its end is
-recorded (or given up); then it leaves the worker's table of runs and the claim loop wakes."""
+:data:`RUNNING_ROW_AFTER`. An ended run counts against the worker's ``finish_backlog`` (not
+its concurrency: its body slot is free) until its end is recorded (or given up); then it
+leaves the worker's table of runs and the claim loop wakes."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ class Finisher(OnClient):
         who: WorkerIdentity,
         *,
         channel: str,
-        concurrency: int,
+        backlog: int,
         running: dict[tuple[str, int], Run],
         wake: asyncio.Event,
     ) -> None:
@@ -48,7 +49,9 @@ class Finisher(OnClient):
         self.running = running
         self.wake = wake
         # Ended runs that make the finisher send at once (see _finish_batches).
-        self._full = max(1, concurrency // 4)
+        self._full = max(1, backlog // 4)
+        #: Ended runs whose end is not recorded yet (queued or being sent).
+        self.backlog = 0
         # Ended runs waiting for the finisher, and the finisher task while it runs.
         self._finishing: list[tuple[Finished, Run, float]] = []
         self.task: asyncio.Task[None] | None = None
@@ -64,11 +67,12 @@ class Finisher(OnClient):
 
     def finish(self, run: Run, outcome: str, error: str | None, duration: float) -> None:
         """Queue the run's end for the finisher, which ends the run once it is recorded (or
-        given up): the run counts against the concurrency until then, and a stopping worker
+        given up): the run counts against the finish backlog until then, and a stopping worker
         waits for the finisher. No future and task step per run wait for it."""
         done = outcome in ("succeeded", "failed")
         item = Finished(run.ident, done, outcome, error)
         run.ended = True
+        self.backlog += 1
         self._finishing.append((item, run, duration))
         if len(self._finishing) >= self._full:
             self._finish_wake.set()
@@ -97,7 +101,7 @@ class Finisher(OnClient):
                     recorded = outcomes.get((ident.job_key, ident.token), item.outcome)
                     self._ended(run, item.done, recorded, item.error, duration)
                 # Under load, at most one finish per FINISH_EVERY, unless a quarter of the
-                # concurrency is waiting for it: bigger batches cost the server less per run,
+                # finish backlog is waiting for it: bigger batches cost the server less per run,
                 # and the starts (a run's lateness) meet fewer statements competing for its
                 # CPUs. An idle worker's lone finish is sent at once (this loop has ended).
                 pause = sent + FINISH_EVERY - monotonic()
@@ -205,6 +209,7 @@ class Finisher(OnClient):
     ) -> None:
         ident = run.ident
         key, token = ident.job_key, ident.token
+        self.backlog -= 1
         # A lease marked lost has already been counted out of tenure_leases_held.
         counted_out = run.lease.marked_lost  # without evaluating the deadline
         run.lease.mark_released()

@@ -474,7 +474,8 @@ def plan(schedule: Schedule, policy: Policy, state: JobState, now: dt.datetime, 
             streak += 1
             ended = (
                 f"the run with token {prior_token} ended with its worker gone (no finish "
-                "record before its lease expired: killed, crashed or out of memory?)"
+                "record before its lease expired: killed, crashed or out of memory?), or "
+                "did not stop when its worker shut down (recorded abandoned)"
             )
         else:
             ended = (

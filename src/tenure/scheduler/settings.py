@@ -22,9 +22,14 @@ class WorkerSettings:
     retention: Retention
     #: Seconds between looks at the scheduler tables' dead rows; 0: left to autovacuum.
     vacuum_every: float
-    #: Most runs in flight.
+    #: Most job bodies running at once.
     concurrency: int
     #: Seconds a stopping worker lets running jobs finish.
     shutdown_grace: float
     #: Take over job keys another app registered.
     adopt: bool = False
+    #: Most claimed runs whose bodies have not begun (claimed ahead of their slots, being
+    #: started, or waiting for a body slot).
+    claim_ahead: int = 1000
+    #: Most ended runs whose end is not recorded yet (waiting for the batching finisher).
+    finish_backlog: int = 1000

@@ -52,7 +52,7 @@ class _Planned:
 class Starter(OnClient):
     """One worker's starter: planned claims wait in a heap by fire time for the single task
     that records their starts. ``starting``: claims taken and not yet running or given back
-    (the claim loop counts them against the concurrency); ``wake``: the claim loop's."""
+    (the claim loop counts them against ``claim_ahead``); ``wake``: the claim loop's."""
 
     def __init__(
         self,
@@ -76,6 +76,8 @@ class Starter(OnClient):
         self._starter: asyncio.Task[None] | None = None
         self._start_wake = asyncio.Event()
         self.starting = 0
+        #: Set by the claim loop when ``claim_ahead`` left it no room: the next launch wakes it.
+        self.wake_claims = False
         # Background tasks of the claim path (the starter, claims given back): drained at stop.
         self.tasks: set[asyncio.Task[None]] = set()
 
@@ -167,7 +169,8 @@ class Starter(OnClient):
         finally:
             launched = sum(1 for p in batch if (p.claim.job_key, p.claim.token) in self._running)
             self.starting -= len(batch)
-            if launched < len(batch):
+            if launched < len(batch) or self.wake_claims:
+                self.wake_claims = False
                 self._wake.set()  # capacity the claim reserved and no run took
 
     async def _give_back(self, planned: list[_Planned]) -> None:

@@ -23,8 +23,10 @@ here when its start is recorded, and carried to its 'running' row and its end):
    reused daemon threads (``ctx.check()`` raises and ``ctx.cancelled`` is set when it is
    lost). Daemon threads rather than a ThreadPoolExecutor: a sync job that ignores
    cancellation must not keep a stopping worker alive (executor threads are joined at
-   interpreter exit). ``concurrency`` bounds runs in flight, sync or async: the claim never
-   takes more.
+   interpreter exit). ``concurrency`` bounds job bodies running at once, sync or async,
+   and only that (:mod:`.bodies`): a run whose slot came while every body slot is busy
+   waits for one, its lease renewed. Claimed runs whose bodies have not begun are bounded
+   by ``claim_ahead``, ended runs whose end is not recorded by ``finish_backlog``.
 5. ``sched_finish`` records the outcome and releases the lease, for a batch of runs: one
    finisher task sends whatever ended while its previous statement was in flight. A finished
    slot (succeeded or failed with the lease intact) is never run again; a run that lost
@@ -57,12 +59,14 @@ from ..leases._async.client import AsyncClient, connect_async, default_margin
 from ..leases._async.lease import AsyncLease
 from ..leases.models import Grant
 from .background import listen, prune
-from .claim import Claim, RunIdentity
+from .bodies import BodyLimit
+from .claim import Claim, RunIdentity, run_fields
 from .claimer import MAX_IDLE, Claimer
 from .context import JobContext
 from .execution import Run, execute
 from .finisher import Finisher
 from .identity import WorkerIdentity
+from .isolation import GRACE as CHILD_GRACE
 from .registration import register, register_tasks
 from .saturation import Saturation
 from .schedules import Plan, Schedule
@@ -73,6 +77,9 @@ from .vacuum import vacuum_forever
 
 log = logging.getLogger("tenure.scheduler")
 
+#: Seconds a run's body gets to stop after its cancellation at shutdown before the worker
+#: stops without it (an isolated body: also its child's SIGTERM and SIGKILL graces).
+STOP_WAIT = 1.0
 #: The schema version this worker needs (14: runtime schedules, read by the claim).
 SCHEMA_VERSION = 14
 
@@ -101,6 +108,7 @@ class Worker:
         # The claim loop's wake-up: a notification, a run's end, capacity given back, a stop.
         self._wake = asyncio.Event()
         self.saturation = Saturation(self.id, settings.app)
+        self.limit = BodyLimit(settings.concurrency, self._wake)
         self.starter = Starter(
             self.who,
             running=self._running,
@@ -108,27 +116,30 @@ class Worker:
             wake=self._wake,
             saturation=self.saturation,
         )
+        self.finisher = Finisher(
+            self.who,
+            channel=self.channel,
+            backlog=settings.finish_backlog,
+            running=self._running,
+            wake=self._wake,
+        )
         self.claimer = Claimer(
             settings,
             specs,
             tasks=self.tasks,
             starter=self.starter,
-            running=self._running,
+            finisher=self.finisher,
+            limit=self.limit,
             wake=self._wake,
             saturation=self.saturation,
-        )
-        self.finisher = Finisher(
-            self.who,
-            channel=self.channel,
-            concurrency=settings.concurrency,
-            running=self._running,
-            wake=self._wake,
         )
         #: Set once the worker has registered its jobs and claims (for embedding and tests).
         self.ready = threading.Event()
         self._stopping = False
         self._cancel_now = False
         self._signals = 0
+        #: Runs whose bodies did not stop at the worker's shutdown (recorded 'abandoned').
+        self.left_behind = 0
 
     @property
     def label(self) -> str:
@@ -177,6 +188,8 @@ class Worker:
         self.claimer.stop()
         self.finisher.stop()
         self.starter.stop()  # claims taken ahead of their slots are given back
+        if cancel:
+            self.limit.close()  # runs waiting for a body slot are handed over at once
 
     # -- main -------------------------------------------------------------------------------
 
@@ -252,11 +265,12 @@ class Worker:
                 self.request_stop(True)
             await self._drain()
             log.info(
-                "tenure %s stopped: %d jobs, %d runs, %d handed over",
+                "tenure %s stopped: %d jobs, %d runs, %d handed over%s",
                 self.label,
                 len(specs),
                 self.runs,
                 self.handed_over,
+                f", {self.left_behind} left behind (did not stop)" if self.left_behind else "",
                 extra={"worker": self.id},
             )
         finally:
@@ -325,8 +339,9 @@ class Worker:
         run.task = asyncio.create_task(self._run(run), name=f"tenure-run-{claim.job_key}")
 
     async def _run(self, run: Run) -> None:
-        outcome, error, duration = await execute(run)
-        self.finisher.finish(run, outcome, error, duration)
+        outcome, error, duration = await execute(run, self.limit)
+        if not run.ended:  # (a run left behind at a stop is recorded already)
+            self.finisher.finish(run, outcome, error, duration)
 
     async def _drain(self) -> None:
         """Let running jobs finish within the grace, then cancel them and hand them over."""
@@ -346,15 +361,20 @@ class Worker:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(left):
                     await self._wake.wait()
+        # Runs still waiting for a body slot are handed over, their bodies never run; the
+        # others are told to stop.
+        self.limit.close()
         runs = list(self._running.values())
         for run in runs:
             run.shutdown = True
-            run.ctx._stop("the worker is shutting down")
-            if run.body is not None:
-                run.body.cancel()  # a thread cannot be stopped: stop waiting for it
-        tasks = [run.task for run in runs if run.task is not None]
+            run.ctx._stop("the worker is shutting down")  # ctx.check() raises, ctx.wait() returns
+            if run.body is not None and not run.threaded:
+                run.body.cancel()
+        tasks = {run.task for run in runs if run.task is not None and not run.task.done()}
         if tasks:
-            await asyncio.wait(tasks, timeout=10.0)
+            isolated = any(run.spec.isolation == "process" for run in runs)
+            await asyncio.wait(tasks, timeout=STOP_WAIT + (2 * CHILD_GRACE if isolated else 0))
+        self._leave_behind([run for run in runs if run.task is not None and not run.task.done()])
         finisher = self.finisher.task
         if finisher is not None:  # the ends those runs queued, recorded before closing
             await asyncio.wait({finisher}, timeout=10.0)
@@ -365,6 +385,33 @@ class Worker:
                     {"channel": self.channel, "payload": "stopped"},
                     doing="notifying peers",
                 )
+
+    def _leave_behind(self, runs: list[Run]) -> None:
+        """Runs whose bodies did not stop within :data:`STOP_WAIT` of their cancellation (a
+        sync body that never looks at ``ctx``, an async one that swallows CancelledError):
+        recorded 'abandoned' now, their slots handed over, and the worker stops without them
+        (``tenure worker`` then exits; the next claim of such a slot counts it toward
+        quarantine as it counts a run whose worker died)."""
+        for run in runs:
+            ident = run.ident
+            error = (
+                f"the job did not stop within {STOP_WAIT:.1f}s of its cancellation at the "
+                f"worker's shutdown (after a {self.shutdown_grace:.1f}s grace); the worker "
+                "stopped without it and its slot is handed over"
+            )
+            log.error(
+                "job %r slot %s token %s: %s",
+                ident.job_key,
+                ident.slot.isoformat(),
+                ident.token,
+                error,
+                extra=run_fields(ident.job_key, ident.token, ident.slot, outcome="abandoned"),
+            )
+            self.left_behind += 1
+            if run.body is not None:
+                run.body.cancel()  # a thread cannot be stopped: stop waiting for it
+            if not run.ended:
+                self.finisher.finish(run, "abandoned", error, monotonic() - run.launched)
 
 
 def _signal_name(signum: int) -> str:

@@ -46,7 +46,7 @@ from ..validation import check_schema
 from . import data, security
 from .actions import ACTIONS, Actions
 from .live import Broker
-from .timeline import render
+from .timeline import GLYPH, LABEL, render
 
 log = logging.getLogger("tenure.ui")
 
@@ -313,6 +313,8 @@ class Dashboard:
                 "window": window,
                 "key_query": urlencode({"key": key}),
                 "live_keys": [key],
+                # Every mark the timeline draws, from its own tables (they cannot drift).
+                "legend": [(o, glyph, LABEL[o]) for o, glyph in GLYPH.items()],
             },
         )
 

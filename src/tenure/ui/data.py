@@ -463,7 +463,7 @@ class Reader:
             failing=failing,
             overdue=overdue,
             quarantined=quarantined,
-            idle=max(0, total - paused - running - failing),
+            idle=max(0, total - quarantined - paused - running - failing),
             leases_total=leases,
             leases_held=held,
             stale=stale,

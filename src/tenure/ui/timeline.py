@@ -253,6 +253,28 @@ def render(
     by_start = sorted((r for r in runs if r.started_at is not None), key=_start)
     starts = [_start(r) for r in by_start]
     lane_free: dict[int, float] = {}  # where each lane's next outside label may start
+    # Runs of a lane drawn without a label since its last labelled one: a busy cluster,
+    # labelled as a whole with its range of tokens once the cluster ends.
+    pending: dict[int, list[Run]] = {}
+    cluster_x: dict[int, float] = {}  # where the lane's pending cluster starts
+
+    def flush(lane: int, limit: float, y: float) -> None:
+        cluster = pending.pop(lane, [])
+        if not cluster:
+            return
+        lo, hi = min(r.token for r in cluster), max(r.token for r in cluster)
+        text = f"#{lo}" if lo == hi else f"#{lo}–#{hi}"
+        start = max(cluster_x[lane], lane_free.get(lane, 0.0))
+        width = TICK_ADVANCE * len(text)
+        if start + width > limit - 2:
+            return  # no room: each bar's tooltip still names its token
+        tip = escape(f"{len(cluster)} run(s), tokens {lo} to {hi}")
+        parts.append(
+            f'<g class="cluster"><title>{tip}</title><text class="label cluster" '
+            f'x="{start:.1f}" y="{y + 16}">{text}</text></g>'
+        )
+        lane_free[lane] = start + width + 4
+
     next_x: dict[int, float] = {}  # where the next bar of the same lane starts
     following: dict[int, float] = {}
     for run, lane, start, _end in reversed(placed):
@@ -293,6 +315,11 @@ def render(
                 f'<path d="M{cx:.1f} {cy - 6} l6 6 l-6 6 l-6 -6 z"/></g>'
             )
             continue
+        if w >= 70 or (
+            x0 + w + 2 >= lane_free.get(lane, 0.0)
+            and next_x.get(id(run), WIDTH) - (x0 + w) >= 8 * (len(str(run.token)) + 2)
+        ):
+            flush(lane, x0, y)  # this run gets a label: the cluster before it ends here
         handover = _successor_start(run, by_start, starts)
         parts.append(f'<g class="{cls}" {attrs}><title>{title}</title>')
         if handover is not None and start <= handover < end:
@@ -330,7 +357,13 @@ def render(
                 f'<text class="label outside" x="{x0 + w + 2:.1f}" y="{y + 16}">{outside}</text>'
             )
             lane_free[lane] = x0 + w + 10 + 8 * len(outside)
+        else:
+            if lane not in pending:
+                cluster_x[lane] = x0
+            pending.setdefault(lane, []).append(run)
         parts.append("</g>")
+    for lane in list(pending):
+        flush(lane, WIDTH, TOP + strip + lane * LANE)
     label_free: dict[str, float] = {}
     next_marker: dict[int, float] = {}  # where the next marker of the same kind is
     after: dict[str, float] = {}

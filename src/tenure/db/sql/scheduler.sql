@@ -142,11 +142,14 @@ WITH clock AS MATERIALIZED (
            j.runs_started, j.overlap, j.backfill_next, j.backfill_to,
            -- The unfinished run has no finish record: its worker is gone (a worker that
            -- lost the lease or shut down records its end with sched_finish). Its history row
-           -- is missing, or 'running' (a long run's, sched_running).
+           -- is missing, or 'running' (a long run's, sched_running), or 'abandoned': its body
+           -- did not stop at its worker's shutdown, which stopped without it (counted toward
+           -- quarantine as a crash is).
            (j.running_token IS NOT NULL AND NOT EXISTS (
                SELECT 1 FROM {schema}.job_runs AS r
                WHERE r.job_key = j.job_key AND r.token = j.running_token
-                 AND r.started_at IS NOT NULL AND r.outcome <> 'running')) AS prior_gone,
+                 AND r.started_at IS NOT NULL
+                 AND r.outcome NOT IN ('running', 'abandoned'))) AS prior_gone,
            -- When the lease before this claim ended (expired or released): slots that came
            -- due while another holder kept the job are not this worker falling behind.
            (SELECT l.lease_until FROM {schema}.job_leases AS l
@@ -429,8 +432,9 @@ WITH f AS MATERIALIZED (
         held_until = NULL,
         done_slot = CASE WHEN f.done AND f.kind NOT IN ('manual', 'backfill')
                          THEN greatest(j.done_slot, f.slot) ELSE j.done_slot END,
-        -- This run recorded its end: its worker was not gone.
-        crash_streak = 0
+        -- This run recorded its end: its worker was not gone (unless it is one that did not
+        -- stop at its worker's shutdown: the next claim counts it as a crash).
+        crash_streak = CASE WHEN f.outcome = 'abandoned' THEN j.crash_streak ELSE 0 END
     FROM f
     WHERE j.job_key = f.job_key AND j.claim_token = f.token AND j.running_token = f.token
     RETURNING j.job_key, f.token

@@ -7,7 +7,9 @@
 SELECT clock_timestamp();
 
 -- name: ui_overview_jobs
--- Jobs by state. "running": a run is in progress (or unfinished: its holder died and the
+-- Jobs by state, each in one state by the jobs list's precedence (quarantined, paused,
+-- running, failing, idle: scheduler.jobs.job_state), so the tiles add up to the total;
+-- "overdue" is the exception, a subset of the others, and its tile says so. "running": a run is in progress (or unfinished: its holder died and the
 -- slot waits for a retry). "failing": the newest finished run failed. "quarantined": paused
 -- by the scheduler after runs whose worker died (migration 5). "overdue": not paused,
 -- nothing running or triggered, and its next slot passed more than a minute ago: no worker
@@ -16,9 +18,10 @@ WITH clock AS MATERIALIZED (
     SELECT clock_timestamp() AS now
 )
 SELECT count(*) AS total,
-       count(*) FILTER (WHERE j.paused) AS paused,
+       count(*) FILTER (WHERE j.paused AND j.quarantined_at IS NULL) AS paused,
        count(*) FILTER (WHERE NOT j.paused AND j.running_slot IS NOT NULL) AS running,
-       count(*) FILTER (WHERE NOT j.paused AND last.outcome = 'failed') AS failing,
+       count(*) FILTER (WHERE NOT j.paused AND j.running_slot IS NULL
+                          AND last.outcome = 'failed') AS failing,
        count(*) FILTER (WHERE NOT j.paused AND j.running_slot IS NULL AND j.trigger_at IS NULL
                           AND j.next_slot < c.now - interval '1 minute') AS overdue,
        count(*) FILTER (WHERE j.quarantined_at IS NOT NULL) AS quarantined
@@ -166,7 +169,8 @@ WITH clock AS MATERIALIZED (
        OR (%(state)s::text = 'paused' AND b.paused AND b.quarantined_at IS NULL)
        OR (%(state)s::text = 'quarantined' AND b.quarantined_at IS NOT NULL)
        OR (%(state)s::text = 'running' AND NOT b.paused AND b.running_slot IS NOT NULL)
-       OR (%(state)s::text = 'failing' AND NOT b.paused AND b.outcome = 'failed')
+       OR (%(state)s::text = 'failing' AND NOT b.paused AND b.running_slot IS NULL
+           AND b.outcome = 'failed')
        OR (%(state)s::text = 'idle' AND NOT b.paused AND b.running_slot IS NULL
            AND b.outcome IS DISTINCT FROM 'failed')
     ORDER BY

@@ -1,0 +1,159 @@
+"""``concurrency`` bounds job bodies running at once, and only that (issue 28): a worker with
+one body slot claims and starts both of two due jobs; the second waits for the slot with its
+lease renewed, and runs under the token it was claimed with once the first ends; a stop ends
+its wait without running it. Real worker processes and signals."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tenure
+from tenure.db.channels import channel
+from tenure.scheduler import jobs as ops
+from tenure.scheduler.bodies import BodyLimit
+from tests.support.env import tenure_env
+from tests.support.scheduler_apps import gated_app
+from tests.support.scheduler_support import WorkerProcess, prepare, query, wait_for
+
+pytestmark = pytest.mark.slow
+
+KEYS = ("gate-a", "gate-b")
+TTL = 1.5  # the gated jobs' lease TTL (scheduler_apps' SCHED_TTL default)
+
+
+def _start(dsn: str, schema: str, tmp_path: Path) -> WorkerProcess:
+    """Both jobs due before the worker starts, so that its first claim finds both."""
+    prepare(dsn, schema)
+    gated_app(dsn, schema).register()
+    with tenure.connect(dsn, schema=schema) as client:
+        for key in KEYS:
+            ops.trigger(client, key, channel=channel("jobs", schema))
+    env = tenure_env(dsn, schema, SCHED_GATE=str(tmp_path / "gate"))
+    w = WorkerProcess("gated", env, tmp_path / "worker.log", args=["--shutdown-grace", "1s"])
+    w.wait_started()
+    return w
+
+
+def _started(dsn: str, schema: str) -> list[tuple[Any, ...]]:
+    return query(
+        dsn,
+        schema,
+        "SELECT job_key, token FROM {schema}.evidence WHERE phase = 'started' ORDER BY at",
+    )
+
+
+def _held(dsn: str, schema: str) -> dict[str, tuple[Any, ...]]:
+    """Per job with a recorded start: its lease's token and whether the lease is live."""
+    rows = query(
+        dsn,
+        schema,
+        "SELECT j.job_key, l.fencing_token, l.lease_until > clock_timestamp(), l.renewed_at "
+        "FROM {schema}.scheduled_jobs AS j JOIN {schema}.job_leases AS l USING (job_key) "
+        "WHERE j.running_slot IS NOT NULL",
+    )
+    return {r[0]: r[1:] for r in rows}
+
+
+def _both_started_one_body(dsn: str, schema: str) -> tuple[str, str] | None:
+    held, started = _held(dsn, schema), _started(dsn, schema)
+    if len(held) == 2 and len(started) == 1:
+        running = started[0][0]
+        return running, next(k for k in KEYS if k != running)
+    return None
+
+
+def _one_running_one_waiting(dsn: str, schema: str) -> tuple[str, str]:
+    """Wait until both jobs' starts are recorded and one body runs: (running, waiting)."""
+    return wait_for(
+        lambda: _both_started_one_body(dsn, schema), timeout=20, what="one body, one waiting"
+    )
+
+
+def test_a_run_waits_for_a_body_slot_with_its_lease_renewed_then_runs_with_its_token(
+    dsn: str, schema: str, tmp_path: Path
+) -> None:
+    w = _start(dsn, schema, tmp_path)
+    try:
+        # Both starts recorded (both leases taken), one body running: claimed beyond the
+        # concurrency, bodies bounded by it. (Before: the second job was not even claimed.)
+        running, waiting = _one_running_one_waiting(dsn, schema)
+        token, live, renewed = _held(dsn, schema)[waiting]
+        time.sleep(3 * TTL)  # longer than the lease: only renewals keep it
+        assert _started(dsn, schema) == [(running, _held(dsn, schema)[running][0])]
+        token_after, live_after, renewed_after = _held(dsn, schema)[waiting]
+        assert (token_after, live, live_after) == (token, True, True)
+        assert renewed_after > renewed  # renewed while it waited
+        (tmp_path / "gate").touch()
+        wait_for(
+            lambda: (
+                len(query(dsn, schema, "SELECT 1 FROM {schema}.evidence WHERE phase = 'finished'"))
+                == 2
+            ),
+            timeout=20,
+            what="both bodies to finish",
+        )
+        w.signal(signal.SIGTERM)
+        assert w.wait() == 0, w.log()
+    finally:
+        w.stop()
+    # The waiting run's body ran under the token its claim took, after the first body.
+    assert [k for k, _ in _started(dsn, schema)] == [running, waiting]
+    assert dict(_started(dsn, schema))[waiting] == token
+    outcomes = query(
+        dsn, schema, "SELECT job_key, token, outcome FROM {schema}.job_runs ORDER BY job_key"
+    )
+    assert sorted(outcomes) == sorted(
+        [
+            (running, dict(_started(dsn, schema))[running], "succeeded"),
+            (waiting, token, "succeeded"),
+        ]
+    )
+
+
+def test_a_stop_ends_the_wait_for_a_body_slot_and_the_body_never_runs(
+    dsn: str, schema: str, tmp_path: Path
+) -> None:
+    w = _start(dsn, schema, tmp_path)
+    try:
+        running, waiting = _one_running_one_waiting(dsn, schema)
+        w.signal(signal.SIGTERM)
+        assert w.wait() == 0, w.log()
+    finally:
+        w.stop()
+    assert [k for k, _ in _started(dsn, schema)] == [running]  # the waiting body never ran
+    outcomes = dict(query(dsn, schema, "SELECT job_key, outcome FROM {schema}.job_runs"))
+    # Both handed over (cancelled: the slot is left to be retried), neither finished.
+    assert outcomes == {running: "cancelled", waiting: "cancelled"}, w.log()
+    assert not query(dsn, schema, "SELECT 1 FROM {schema}.evidence WHERE phase = 'finished'")
+
+
+def test_body_slots_go_to_waiting_runs_in_order_and_a_given_up_wait_passes_its_turn() -> None:
+    async def main() -> None:
+        wake = asyncio.Event()
+        limit = BodyLimit(1, wake)
+        assert limit.take() and limit.busy == 1
+        a, b, c = limit.wait(), limit.wait(), limit.wait()
+        assert not limit.take()  # a run arriving now queues behind the waiting ones
+        assert not limit.room()  # and the claim loop claims nothing more meanwhile
+        b.cancel()  # its lease was lost while it waited
+        limit.forget(b)
+        limit.release()  # the running body returned (in its thread)
+        limit.grant()
+        assert a.done() and not c.done()
+        limit.release()
+        limit.grant()
+        assert c.done() and not wake.is_set()
+        limit.release()
+        limit.grant()
+        assert limit.busy == 0 and wake.is_set()  # room again: the claim loop is woken
+        d = limit.wait()
+        limit.close()  # the worker stops: the wait ends, its body never runs
+        assert d.cancelled() and not limit.take()
+
+    asyncio.run(main())
