@@ -7,6 +7,7 @@ class (psycopg's ``diag.sqlstate``), never by parsing message text.
 from __future__ import annotations
 
 import datetime as dt
+import re
 import unicodedata
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -247,7 +248,7 @@ def translate(exc: psycopg.Error, doing: str, *, wrote: bool = False) -> TenureE
         reason = " ".join(str(exc).split())  # libpq's message spans lines: keep one
         return DatabaseUnavailable(
             f"{doing}: the connection to PostgreSQL failed ({reason}); check that the server is "
-            "running and reachable, and the DSN ($TENURE_DSN)" + (UNKNOWN_OUTCOME if wrote else ""),
+            "running and reachable" + (UNKNOWN_OUTCOME if wrote else ""),
             outcome_unknown=wrote,
         )
     if state is not None:
@@ -293,6 +294,32 @@ def translate(exc: psycopg.Error, doing: str, *, wrote: bool = False) -> TenureE
                 sqlstate=state,
             )
     return DatabaseError(f"{doing}: {_server_message(exc)}", sqlstate=state)
+
+
+# libpq's text for an error the server sent: its severity, a colon and two spaces ("FATAL:  "),
+# at the start or after libpq's "connection to server at ... failed: ". A refused start-up
+# has no SQLSTATE in psycopg (libpq keeps it to itself): whether the server answered at all
+# is what tells "check the DSN" from "check the server" apart.
+_SERVER_ANSWERED = re.compile(r"(?:^|failed: )[^\s:]+:  \S")
+
+
+def connection_failed(exc: psycopg.Error, doing: str, dsn_named: str) -> TenureError:
+    """:func:`translate` for a connection attempt with the DSN ``dsn_named`` (e.g. "the DSN
+    given with --dsn"): says whether PostgreSQL refused the connection (a database, user or
+    password the DSN names wrongly) or could not be reached."""
+    if not isinstance(exc, psycopg.OperationalError) or exc.sqlstate is not None:
+        return translate(exc, doing)
+    reason = one_line(str(exc))
+    if _SERVER_ANSWERED.search(str(exc)):
+        return DatabaseUnavailable(
+            f"{doing}: PostgreSQL refused the connection ({reason}); check the database name, "
+            f"user and password in {dsn_named} (or retry, if the server is starting up or "
+            "has no free connection slots)"
+        )
+    return DatabaseUnavailable(
+        f"{doing}: could not reach PostgreSQL ({reason}); check that the server is running "
+        f"and reachable at that host and port, and {dsn_named}"
+    )
 
 
 def _server_message(exc: psycopg.Error) -> str:

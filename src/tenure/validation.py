@@ -85,11 +85,11 @@ def parse_duration(value: Duration, *, what: str = "duration") -> float:
     return seconds
 
 
-def check_ttl(value: Duration) -> float:
-    ttl = parse_duration(value, what="ttl")
+def check_ttl(value: Duration, *, what: str = "ttl") -> float:
+    ttl = parse_duration(value, what=what)
     if not MIN_TTL <= ttl <= MAX_TTL:
         raise InvalidArgument(
-            f"ttl {_show(value)} is out of range: it must be between {MIN_TTL}s and "
+            f"{what} {_show(value)} is out of range: it must be between {MIN_TTL}s and "
             f"{MAX_TTL:.0f}s (24h). The TTL is how long a holder may go silent, not how long "
             "the job runs: the lease is renewed every ttl/3 while the job runs"
         )

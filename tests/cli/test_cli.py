@@ -134,6 +134,41 @@ def test_unreachable_database_is_one_clear_line(schema: str) -> None:
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
 
 
+MISSING_DB = "postgresql://postgres@127.0.0.1:5432/tenure_no_such_database"
+NO_SERVER = "postgresql://postgres@127.0.0.1:1/postgres"
+
+
+@pytest.mark.parametrize("given", ["--dsn", "$TENURE_DSN", "$DATABASE_URL"])
+@pytest.mark.parametrize("target", ["missing-database", "no-server"])
+def test_connection_error_names_where_the_dsn_came_from_and_what_failed(
+    schema: str, given: str, target: str
+) -> None:
+    """Issue 31: a DSN given with --dsn was answered with "check ... the DSN ($TENURE_DSN)",
+    and a missing database with "check that the server is running and reachable". The line
+    names the DSN's origin, and says whether the server refused the connection (it answered:
+    check the database, user and password) or could not be reached."""
+    target_dsn = MISSING_DB if target == "missing-database" else NO_SERVER
+    env = tenure_env("", schema)
+    env.pop("TENURE_DSN")
+    args = ["status"]
+    if given == "--dsn":
+        args += ["--dsn", target_dsn]
+    else:
+        env[given[1:]] = target_dsn
+    out = run_tenure(args, env)
+    assert out.returncode == 1, out
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out
+    line = out.stderr.strip()
+    assert given in line, line
+    for other in {"--dsn", "$TENURE_DSN", "$DATABASE_URL"} - {given}:
+        assert other not in line, line
+    if target == "missing-database":
+        assert "refused the connection" in line and "database name" in line, line
+        assert "is running" not in line, line
+    else:
+        assert "could not reach PostgreSQL" in line and "is running" in line, line
+
+
 def test_unknown_option_is_a_usage_error(dsn: str, schema: str) -> None:
     out = run_tenure(["status", "--frobnicate"], tenure_env(dsn, schema))
     assert out.returncode == 2 and "No such option" in out.stderr

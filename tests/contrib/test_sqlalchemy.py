@@ -183,3 +183,57 @@ def test_example_commits_the_invoice_and_its_message(dsn: str, schema: str) -> N
     assert out == "committed INV-1 with token 1\n"
     with tenure.connect(dsn, schema=schema) as client:
         assert [m.key for m in tenure.outbox.messages(client)] == ["INV-1"]
+
+
+AUTOCOMMIT_SAYS = r"isolation_level='AUTOCOMMIT'.*already committed"
+
+
+@pytest.mark.parametrize("how", ["engine-session", "engine-connection", "execution-options"])
+def test_autocommit_session_or_connection_is_refused_with_sqlalchemy_advice(
+    client: tenure.Client, schema: str, dsn: str, engine: Engine, model: type[Any], how: str
+) -> None:
+    """Issue 31: on AUTOCOMMIT every statement commits on its own, so a write made before
+    fence() is already committed when fence refuses. fence() and outbox_enqueue() refuse the
+    session or connection in SQLAlchemy's terms (before: psycopg's `with
+    conn.transaction():` advice for fence, and outbox_enqueue committed its message alone)."""
+    _, current = tokens(client)
+    auto = create_engine(url(dsn), isolation_level="AUTOCOMMIT")
+    try:
+        for call in (
+            lambda bind: fence(bind, KEY, current, schema=schema),
+            lambda bind: outbox_enqueue(bind, "invoices", "A-9", {}, schema=schema),
+        ):
+            with pytest.raises(tenure.InvalidArgument, match=AUTOCOMMIT_SAYS) as refused:
+                if how == "engine-session":
+                    with Session(auto) as session, session.begin():
+                        call(session)
+                elif how == "engine-connection":
+                    with auto.connect() as conn:
+                        call(conn)
+                else:
+                    with engine.connect() as conn:
+                        call(conn.execution_options(isolation_level="AUTOCOMMIT"))
+            assert "conn.transaction()" not in str(refused.value)
+    finally:
+        auto.dispose()
+    assert outbox_keys(client) == []
+
+
+def test_autocommit_async_session_is_refused_with_sqlalchemy_advice(
+    client: tenure.Client, schema: str, dsn: str
+) -> None:
+    _, current = tokens(client)
+
+    async def scenario() -> None:
+        engine = create_async_engine(url(dsn), isolation_level="AUTOCOMMIT")
+        try:
+            async with AsyncSession(engine) as session, session.begin():
+                with pytest.raises(tenure.InvalidArgument, match=AUTOCOMMIT_SAYS):
+                    await fence_async(session, KEY, current, schema=schema)
+                with pytest.raises(tenure.InvalidArgument, match=AUTOCOMMIT_SAYS):
+                    await outbox_enqueue_async(session, "invoices", "B-9", {}, schema=schema)
+        finally:
+            await engine.dispose()
+
+    asyncio.run(scenario())
+    assert outbox_keys(client) == []

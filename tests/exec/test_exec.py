@@ -248,6 +248,19 @@ def test_leftover_processes_in_the_group_are_killed(env: dict[str, str], tmp_pat
     _wait_for(lambda: not _alive(pid), "the leftover sleep to be killed", timeout=5)
 
 
+def _freeze_past_ttl(proc: subprocess.Popen[str], group: int, client: tenure.Client) -> None:
+    """SIGSTOP `tenure exec` and its command's group until the lease of 'job' has expired
+    by the database clock."""
+    os.kill(proc.pid, signal.SIGSTOP)
+    os.killpg(group, signal.SIGSTOP)
+
+    def expired() -> bool:
+        info = client.inspect("job")
+        return info is not None and not info.held
+
+    _wait_for(expired, "the frozen holder's lease to expire by the database clock")
+
+
 # -- paused past the TTL ------------------------------------------------------------------------
 
 
@@ -280,14 +293,7 @@ def test_paused_holder_and_command_cannot_store_their_result(
     )
     token_a = int((d / "a_token").read_text())
     group_a = int(pidfile.read_text())
-    os.kill(first.pid, signal.SIGSTOP)
-    os.killpg(group_a, signal.SIGSTOP)
-
-    def expired() -> bool:
-        info = client.inspect("job")
-        return info is not None and not info.held
-
-    _wait_for(expired, "A's lease to expire by the database clock")
+    _freeze_past_ttl(first, group_a, client)
     script_b = (
         f"echo $TENURE_FENCING_TOKEN > {d}/b_token; "
         f"""echo '{{"by": "B"}}' | {PY} -m tenure result put"""
@@ -344,6 +350,65 @@ def test_result_put_inside_exec_is_strict_once_a_successor_took_over(
     assert stored is not None and stored.token == 1  # accepted only under the seed's rule
     code, _, err = _finish(proc)
     assert code == 0, err  # the command's own code: exec noticed nothing (no renewal yet)
+
+
+#: How a script may pass the enclosing exec's key and token to `tenure result put`.
+SPELLINGS = {
+    "flagless": "",
+    "key-and-token": '--key "$TENURE_JOB_KEY" --token "$TENURE_FENCING_TOKEN"',
+    "token-only": '--token "$TENURE_FENCING_TOKEN"',
+    "equals-form": '--token="$TENURE_FENCING_TOKEN" --key="$TENURE_JOB_KEY"',
+}
+
+
+def test_paused_holder_write_inside_exec_is_strict_however_the_token_is_passed(
+    env: dict[str, str],
+    client: tenure.Client,
+    tmp_path: Path,
+    reap: list[subprocess.Popen[str]],
+    groups: list[Path],
+) -> None:
+    """Issue 31: `tenure exec` and its command are frozen (SIGSTOP) past the TTL and a
+    successor takes over without writing anything. Resumed, the command's `tenure result
+    put` is refused whether it relies on $TENURE_JOB_KEY/$TENURE_FENCING_TOKEN or passes the
+    same values as options; only an explicit `--no-strict` asks for the seed's rule (which
+    accepts it: no newer token has written). Failed before the fix for the spelled-out
+    forms: `stored with token 1`, exit 0."""
+    d = tmp_path
+    pidfile = d / "pid"
+    groups.append(pidfile)
+    put = f"""echo '{{"by": "old"}}' | {PY} -m tenure result put"""
+    writes = "".join(
+        f"{put} {spelling} > {d}/{name} 2>&1; echo $? > {d}/{name}_rc; "
+        for name, spelling in SPELLINGS.items()
+    )
+    script = (
+        "trap '' TERM; "  # it does try to write, after exec's SIGTERM too
+        f"echo $$ > {pidfile}; "
+        f"while [ ! -e {d}/go ]; do sleep 0.05; done; "
+        f"{writes}"
+        f"{put} {SPELLINGS['key-and-token']} --no-strict > {d}/seed 2>&1; echo $? > {d}/seed_rc"
+    )
+    proc = _exec(["--key", "job", "--ttl", "1s", "--grace", "60s", "--", "sh", "-c", script], env)
+    reap.append(proc)
+    _wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), "the command", proc=proc)
+    group = int(pidfile.read_text())
+    _freeze_past_ttl(proc, group, client)
+    successor = client.acquire("job", ttl=300)  # takes over, writes nothing
+    assert successor is not None and successor.token == 2
+    (d / "go").touch()
+    os.killpg(group, signal.SIGCONT)
+    os.kill(proc.pid, signal.SIGCONT)
+    _wait_for((d / "seed_rc").exists, "the command's writes", timeout=PATIENCE * 2)
+    for name in SPELLINGS:
+        said = (d / name).read_text()
+        assert (d / f"{name}_rc").read_text().strip() == "1", (name, said)
+        assert "stale fencing token" in said and "token 1 rejected" in said, (name, said)
+    assert (d / "seed_rc").read_text().strip() == "0", (d / "seed").read_text()
+    stored = client.results.get("job")
+    assert stored is not None and stored.token == 1  # accepted only under the seed's rule
+    code, _, err = _finish(proc, timeout=PATIENCE * 3)
+    assert code == 75, err
 
 
 # -- lease lost while the command runs ----------------------------------------------------------
@@ -460,6 +525,116 @@ def test_sigterm_is_forwarded_and_the_lease_released(
     assert (tmp_path / "term").read_text().strip() == "got-term"
     info = client.inspect("job")
     assert info is not None and not info.held
+
+
+#: tgkill(2)'s system call number: a signal to one thread of a process.
+SYS_TGKILL = {"x86_64": 234, "aarch64": 131}
+
+
+def _tgkill(pid: int, tid: int, signum: int) -> None:
+    import ctypes
+    import platform
+
+    number = SYS_TGKILL.get(platform.machine())
+    if number is None:
+        pytest.skip(f"tgkill's number on {platform.machine()} is not known here")
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(number, pid, tid, signum) != 0:
+        raise OSError(ctypes.get_errno(), "tgkill")
+
+
+def test_sigterm_delivered_to_another_thread_of_exec_is_still_passed_on(
+    env: dict[str, str],
+    client: tenure.Client,
+    tmp_path: Path,
+    reap: list[subprocess.Popen[str]],
+    groups: list[Path],
+) -> None:
+    """A signal sent to `tenure exec` may be delivered to any of its threads (the lease's
+    renewal thread, the pool's): under load the kernel picks one. Here it is sent to a thread
+    other than the main one, as the kernel may: it is passed on all the same. Before the fix
+    the main thread, blocked waiting for the command, never ran the handler, and the command
+    never saw the SIGTERM (the flaky forwarded-SIGTERM test under load)."""
+    pidfile = tmp_path / "pid"
+    groups.append(pidfile)
+    script = f"trap 'exit 42' TERM; echo $$ > {pidfile}; while :; do sleep 0.05; done"
+    proc = _exec(["--key", "job", "--", "sh", "-c", script], env)
+    reap.append(proc)
+    _wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), "the command", proc=proc)
+    others = [int(t) for t in os.listdir(f"/proc/{proc.pid}/task") if int(t) != proc.pid]
+    assert others, "tenure exec runs its renewal in a thread"
+    _tgkill(proc.pid, others[0], signal.SIGTERM)
+    code, _, err = _finish(proc, timeout=PATIENCE * 2)
+    assert code == 42, err
+    info = client.inspect("job")
+    assert info is not None and not info.held
+
+
+def _stubborn_after_sigterm(
+    env: dict[str, str],
+    tmp_path: Path,
+    reap: list[subprocess.Popen[str]],
+    groups: list[Path],
+    grace: str,
+) -> tuple[subprocess.Popen[str], int]:
+    """`tenure exec --grace GRACE` running a command that notes every SIGTERM and SIGINT and
+    keeps running, once it has seen the SIGTERM sent to `tenure exec`: (exec, command pid)."""
+    pidfile, seen = tmp_path / "pid", tmp_path / "seen"
+    groups.append(pidfile)
+    script = (
+        f"trap 'echo term >> {seen}' TERM; trap 'echo int >> {seen}' INT; "
+        f"echo $$ > {pidfile}; while :; do sleep 0.05; done"
+    )
+    proc = _exec(["--key", "job", "--grace", grace, "--", "sh", "-c", script], env)
+    reap.append(proc)
+    _wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), "the command", proc=proc)
+    proc.send_signal(signal.SIGTERM)
+    _wait_for(seen.exists, "the command to see SIGTERM", proc=proc)
+    assert seen.read_text().split()[0] == "term"
+    return proc, int(pidfile.read_text())
+
+
+def _ends_in_sigkill(proc: subprocess.Popen[str], pid: int, client: tenure.Client) -> str:
+    """exec exits 137 (generous wait: it only bounds a hang), the command is gone and the
+    lease released; returns exec's stderr."""
+    code, _, err = _finish(proc, timeout=PATIENCE * 3)
+    assert code == 128 + signal.SIGKILL, err
+    assert "SIGKILL" in err and "Traceback" not in err, err
+    assert not _alive(pid)
+    info = client.inspect("job")
+    assert info is not None and not info.held
+    return err
+
+
+def test_forwarded_sigterm_not_obeyed_ends_in_sigkill_after_grace(
+    env: dict[str, str],
+    client: tenure.Client,
+    tmp_path: Path,
+    reap: list[subprocess.Popen[str]],
+    groups: list[Path],
+) -> None:
+    """Issue 31: a command that ignores the SIGTERM `tenure exec` passed on gets SIGKILL
+    (its whole group) after --grace, and the lease is released. Before the fix it ran on,
+    its lease renewed, until this test's timeout."""
+    proc, pid = _stubborn_after_sigterm(env, tmp_path, reap, groups, grace="1s")
+    assert "--grace 1s" in _ends_in_sigkill(proc, pid, client)
+
+
+@pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
+def test_second_signal_sigkills_a_command_that_ignored_the_first(
+    env: dict[str, str],
+    client: tenure.Client,
+    tmp_path: Path,
+    reap: list[subprocess.Popen[str]],
+    groups: list[Path],
+    second: signal.Signals,
+) -> None:
+    """Issue 31: once a SIGTERM was passed on, a second SIGTERM or SIGINT to `tenure exec`
+    SIGKILLs the command's group at once: with a --grace of an hour, only that can end it
+    before this test's timeout."""
+    proc, pid = _stubborn_after_sigterm(env, tmp_path, reap, groups, grace="1h")
+    proc.send_signal(second)
+    assert second.name in _ends_in_sigkill(proc, pid, client)
 
 
 def test_sigterm_while_waiting_for_the_lease_ends_tenure_cleanly(
@@ -697,6 +872,7 @@ def test_every_slot_is_never_run_more_than_the_early_tolerance_before_its_time(
         (["--key", "job", "--every", "1.5s", "--", "true"], "whole number of seconds"),
         (["--key", "job", "--"], "no command after"),
         (["--", "true"], "Missing option '--key'"),
+        (["--key", "job", "--every", "5m", "--slot", "foo", "--", "true"], "exclude each other"),
     ],
     ids=[
         "missing-dashes",
@@ -706,6 +882,7 @@ def test_every_slot_is_never_run_more_than_the_early_tolerance_before_its_time(
         "bad-every",
         "no-command",
         "no-key",
+        "slot-and-every",  # issue 31: was accepted
     ],
 )
 def test_bad_usage_is_one_line_and_exit_2(

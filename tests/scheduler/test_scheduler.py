@@ -451,7 +451,7 @@ def test_pause_resume_trigger_and_history_from_another_process(
         time.sleep(1.0)
         assert evidence_count(dsn, schema, "manual") == 1  # once
         history = run_tenure(["jobs", "history", "manual", "--json"], env)
-        [row] = [json.loads(line) for line in history.stdout.splitlines()]
+        [row] = json.loads(history.stdout)
         assert (row["kind"], row["outcome"], row["pid"]) == ("manual", "succeeded", worker.pid)
 
         unknown = run_tenure(["jobs", "trigger", "no-such-job"], env)

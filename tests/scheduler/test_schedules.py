@@ -9,7 +9,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from tenure import InvalidArgument
+from tenure import InvalidArgument, Scheduler
 from tenure.scheduler.schedules import (
     MAX_ATTEMPTS,
     JobState,
@@ -155,6 +155,23 @@ def test_bad_schedules_are_refused_with_a_clear_message(
 ) -> None:
     with pytest.raises(InvalidArgument, match=message):
         Schedule.build("bad", **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("expr", ["@reboot", "@REBOOT", " @reboot "])
+def test_reboot_is_refused_as_not_supported(expr: str) -> None:
+    """Issue 31: @reboot was "has 1 fields"; it is cron's, with no slot a scheduler of
+    several workers could share."""
+    with pytest.raises(InvalidArgument, match="@reboot is not supported") as refused:
+        Schedule.build("bad", cron=expr)
+    assert "fields" not in str(refused.value)
+
+
+@pytest.mark.parametrize("ttl", ["100d", "0", 0.001])
+def test_out_of_range_ttl_at_definition_names_the_job(ttl: object) -> None:
+    """Issue 31: every other definition error starts with `job 'name':`; the ttl's did not."""
+    app = Scheduler("postgresql://nowhere.invalid/x")  # never connects: defining only
+    with pytest.raises(InvalidArgument, match=r"^job 'nightly': ttl .* out of range"):
+        app.add_job("nightly", lambda ctx: None, cron="0 2 * * *", ttl=ttl)  # type: ignore[arg-type]
 
 
 # -- the claim plan ---------------------------------------------------------------------------

@@ -66,6 +66,6 @@ def test_an_hour_of_missed_slots_is_one_history_row_with_its_count(dsn: str, sch
     line = next(x for x in out.stdout.splitlines() if "misfire_skipped" in x)
     assert f"misfire_skipped x{slots}" in line
     out = run_tenure(["jobs", "history", "tick", "--json"], env)
-    docs = [json.loads(x) for x in out.stdout.splitlines()]
+    docs = json.loads(out.stdout)
     [doc] = [d for d in docs if d["outcome"] == "misfire_skipped"]
     assert doc["slots"] == slots and doc["last_slot"] == last_slot.isoformat()

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
+from click.core import ParameterSource
 
 from ..errors import one_line
 
@@ -123,6 +124,17 @@ def usage_error(message: str) -> NoReturn:
     raise click.UsageError(message, ctx=click.get_current_context(silent=True))
 
 
+def dsn_origin(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """The --dsn value, told whether it came from --dsn or $TENURE_DSN (for messages about
+    it: "check the DSN given with --dsn", not a guess)."""
+    if not value:
+        return value
+    from ..db.dsn import GivenDsn
+
+    from_env = ctx.get_parameter_source(param.name or "dsn") is ParameterSource.ENVIRONMENT
+    return GivenDsn(value, "$TENURE_DSN" if from_env else "--dsn")
+
+
 def db_options(fn: F) -> F:
     """--dsn, --schema and the logging options, shared by every command that talks to the DB."""
     fn = click.option(
@@ -153,6 +165,7 @@ def db_options(fn: F) -> F:
         default=None,
         envvar="TENURE_DSN",
         show_envvar=True,
+        callback=dsn_origin,
         help="PostgreSQL connection string. Unset: $DATABASE_URL, else the embedded server."
         " Behind PgBouncer in transaction mode, also set TENURE_PREPARE_THRESHOLD=none.",
     )(fn)

@@ -7,9 +7,8 @@ import os
 import sys
 
 import click
-from click.core import ParameterSource
 
-from .common import CONTEXT, EXIT_ERROR, connect, db_options, handle_errors, setup_logs
+from .common import CONTEXT, EXIT_ERROR, connect, db_options, fail, handle_errors, setup_logs
 from .params import DURATION, TOKEN, check_ttl_option
 from .tables import printable
 
@@ -84,6 +83,11 @@ def release(dsn: str | None, schema: str, log_level: str, log_format: str, key: 
     setup_logs(log_level, log_format)
     with connect(dsn, schema) as client:
         token = client.release(key)
+        if not token and client.inspect(key) is None:
+            fail(
+                f"no lease was ever taken for {key!r}; `tenure status` shows the keys "
+                "(is the key or --schema misspelled?)"
+            )
     click.echo(
         f"{printable(key)}: expired token {token}" if token else f"{printable(key)}: no live lease"
     )
@@ -92,6 +96,20 @@ def release(dsn: str | None, schema: str, log_level: str, log_format: str, key: 
 @click.group(context_settings=CONTEXT)
 def result() -> None:
     """Read and write fenced results (e.g. from shell scripts run by `tenure exec`)."""
+
+
+def _exec_holds(key: str, token: int, schema: str) -> bool:
+    """Whether KEY and TOKEN are the lease of the enclosing `tenure exec` (which holds it while
+    its command runs, so a write with them must not land once that lease is gone), however
+    they were passed: from its environment or spelled out as options with the same values."""
+    if not os.environ.get(EXEC_MARK):
+        return False
+    env = os.environ
+    return (
+        env.get("TENURE_JOB_KEY") == key
+        and env.get("TENURE_FENCING_TOKEN", "").strip() == str(token)
+        and env.get("TENURE_SCHEMA", "tenure") == schema
+    )
 
 
 @result.command("put", context_settings=CONTEXT)
@@ -119,8 +137,8 @@ def result() -> None:
     help="--strict: accept the write only while TOKEN is the newest takeover and its lease "
     "is unexpired (the rule of a fenced transaction). --no-strict: the seed's rule, the last "
     "accepted token wins (a late write is refused only once a newer token has written). "
-    "[default: strict inside `tenure exec` when the token comes from its "
-    "$TENURE_FENCING_TOKEN, else --no-strict]",
+    "[default: strict inside `tenure exec` when KEY and TOKEN are its own, whether read from "
+    "$TENURE_JOB_KEY/$TENURE_FENCING_TOKEN or given as options; else --no-strict]",
 )
 @handle_errors
 def result_put(
@@ -140,10 +158,7 @@ def result_put(
     from ..validation import parse_json
 
     if strict is None:
-        # tenure exec holds the lease while its command runs: a write with the token it
-        # handed over must not land once that lease is gone.
-        source = click.get_current_context().get_parameter_source("token")
-        strict = source is ParameterSource.ENVIRONMENT and bool(os.environ.get(EXEC_MARK))
+        strict = _exec_holds(key, token, schema)
 
     # Bytes: json decodes UTF-8 (or -16/-32) itself, and bad bytes become a clear error.
     payload = parse_json(sys.stdin.buffer.read(), what="stdin")

@@ -153,7 +153,9 @@ def _check_key(ctx: click.Context, param: click.Parameter, value: str) -> str:
     default="10s",
     envvar="TENURE_EXEC_GRACE",
     show_envvar=True,
-    help="After the lease is lost: time between SIGTERM and SIGKILL to the command's group.",
+    help="After the lease is lost, or a SIGTERM, SIGINT or SIGQUIT was passed on to the "
+    "command: time until SIGKILL to the command's group if it has not exited (a second such "
+    "signal: SIGKILL at once).",
 )
 @click.option(
     "--busy-exit",
@@ -243,11 +245,17 @@ def exec_command(
     fencing token in $TENURE_FENCING_TOKEN, renews the lease while it runs, and releases it
     when COMMAND ends, so a successor can start at once. If the lease is lost meanwhile,
     COMMAND's group gets SIGTERM, then SIGKILL after --grace, and tenure exits with 75.
-    SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are passed on to the group.
+    SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are passed on to the group; a
+    command that does not exit within --grace of a SIGTERM, SIGINT or SIGQUIT gets SIGKILL,
+    and a second one of those SIGKILLs the group at once.
     Processes COMMAND leaves behind in its group are killed when it exits.
 
     Put `--` before COMMAND. Durations: 250ms, 30s, 5m, 1h.
     """
+    if slot is not None and every is not None:
+        raise UsageProblem(
+            "--slot and --every exclude each other (--every computes the slot): give one"
+        )
     setup_logs(log_level, log_format)
     # psycopg_pool reports each failed reconnection at WARNING, through Python's last-resort
     # handler (multi-line, unformatted) since nothing configures it. tenure's own renewal

@@ -10,10 +10,12 @@ from typing import Any
 
 import click
 
+from ..db.dsn import redact
 from .common import (
     CONTEXT,
     connect,
     db_options,
+    fail,
     handle_errors,
     json_option,
     metrics_options,
@@ -335,7 +337,8 @@ def outbox_list(
             # Pending, and no live relay has a handler for its topic: it waits for one.
             "no_relay": m.state == "pending" and m.topic in orphaned,
             "delivered_at": m.delivered_at.isoformat() if m.delivered_at else None,
-            "last_error": m.last_error,
+            # The same redaction as the relay's log: an endpoint's answer may quote a secret.
+            "last_error": None if m.last_error is None else redact(m.last_error),
         }
         for m in found
     ]
@@ -423,7 +426,16 @@ def outbox_retry(
         redriven = ob.retry(client, ids=ids or None, topic=topic)
     if redriven:
         click.echo(f"re-drove {len(redriven)} message(s): {', '.join(map(str, redriven))}")
-    else:
+    # Ids named explicitly that matched nothing are an error; a filter that matched nothing
+    # is an answer (README, "Command-line conventions").
+    missing = sorted(set(ids) - set(redriven))
+    if missing:
+        fail(
+            f"no dead message with id {', '.join(map(str, missing))}"
+            + (f" in topic {topic!r}" if topic else "")
+            + "; `tenure outbox list --state all` shows the messages and their states"
+        )
+    if not redriven:
         click.echo("no dead message matched")
 
 

@@ -20,7 +20,6 @@ from .common import (
     db_options,
     handle_errors,
     json_option,
-    json_option_with,
     metrics_options,
     serve_from_cli,
     setup_logs,
@@ -450,7 +449,7 @@ def jobs_trigger(dsn: str | None, schema: str, log_level: str, log_format: str, 
     show_envvar=True,
     help="How many rows, newest first.",
 )
-@json_option_with("Print JSON lines instead of a table.")
+@json_option
 @handle_errors
 def jobs_history(
     dsn: str | None,
@@ -467,8 +466,7 @@ def jobs_history(
     with _client(dsn, schema, log_level, log_format) as client:
         rows = history(client, key, limit=limit)
     if as_json:
-        for row in rows:
-            click.echo(json.dumps(row.as_json()))
+        click.echo(json.dumps([row.as_json() for row in rows], indent=2))
         return
     from .tables import show
 

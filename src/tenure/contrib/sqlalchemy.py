@@ -17,6 +17,16 @@ schema (strict fencing; see :func:`tenure.fence` for the relaxed mode).
 
 ``Session`` and ``Connection`` take the plain functions; ``AsyncSession`` and
 ``AsyncConnection`` (``create_async_engine("postgresql+psycopg://...")``) the ``_async`` ones.
+
+When "before or after your other writes" holds: whenever the fence and those writes are in
+the same database transaction, i.e. between ``session.begin()`` (or a Connection's first
+statement) and its commit. The ORM flushes pending objects at the latest at commit, in that
+transaction, so adding them before or after ``fence()`` is the same. It does not hold across a
+commit: ``session.commit()`` or ``conn.commit()`` ends the fence with its transaction, and
+writes after it need a new ``fence()``. It never holds on an ``isolation_level="AUTOCOMMIT"``
+engine or connection: every statement commits on its own, so a write made before ``fence()``
+is committed before the fence is even asked, and nothing can be rolled back when it refuses.
+``fence()`` and ``outbox_enqueue()`` therefore refuse such a session or connection.
 """
 
 from __future__ import annotations
@@ -58,7 +68,9 @@ def driver_connection(bind: SyncBind) -> psycopg.Connection[Any]:
         raise InvalidArgument(
             f"expected a SQLAlchemy Session or Connection, got {type(bind).__name__}"
         )
-    return _psycopg(conn.connection.driver_connection, psycopg.Connection, conn.dialect.name)
+    return _transactional(
+        _psycopg(conn.connection.driver_connection, psycopg.Connection, conn.dialect.name), bind
+    )
 
 
 async def driver_connection_async(
@@ -79,7 +91,24 @@ async def driver_connection_async(
             " (for Session and Connection use fence / outbox_enqueue)"
         )
     raw = await conn.get_raw_connection()
-    return _psycopg(raw.driver_connection, psycopg.AsyncConnection, conn.dialect.name)
+    return _transactional(
+        _psycopg(raw.driver_connection, psycopg.AsyncConnection, conn.dialect.name), bind
+    )
+
+
+def _transactional(driver: C, bind: object) -> C:
+    """``driver``, unless SQLAlchemy runs it in AUTOCOMMIT (psycopg's autocommit underneath):
+    there is no transaction for the fence to hold, and writes already made are committed."""
+    if driver.autocommit:
+        raise InvalidArgument(
+            f"this SQLAlchemy {type(bind).__name__} uses isolation_level='AUTOCOMMIT': each "
+            "statement commits on its own, so writes made before this call are already committed "
+            "and a refused fence could not roll them back; use an engine without "
+            "isolation_level='AUTOCOMMIT' (or conn.execution_options(isolation_level="
+            "'READ COMMITTED')) and fence inside `with Session(engine) as session, "
+            "session.begin():`"
+        )
+    return driver
 
 
 def _psycopg(driver: object, expected: type[C], dialect: str) -> C:
@@ -104,7 +133,11 @@ def fence(
     """:func:`tenure.fence` on the session's (or connection's) current transaction: its
     writes commit only while ``token`` is the newest. Raises
     :class:`~tenure.StaleTokenError` otherwise; roll back then (leaving ``session.begin()``
-    by the exception does)."""
+    by the exception does).
+
+    Call it before or after your other writes *in the same transaction* (see the module's
+    docstring: not across a commit). A session or connection in AUTOCOMMIT is refused
+    (:class:`~tenure.InvalidArgument`): it has no transaction to fence."""
     _fence(
         driver_connection(bind),
         job_key,

@@ -86,16 +86,50 @@ def redact(text: str, *dsns: str | None) -> str:
     return text
 
 
-def parse(dsn: str, source: str) -> dict[str, str]:
-    """libpq's reading of ``dsn``; an unparseable one raises with the reason, redacted."""
+#: ``resolve``'s source for a DSN passed in by the caller (a library call's ``dsn=``).
+GIVEN = "the DSN given"
+
+
+class GivenDsn(str):
+    """A DSN string that knows how the command line got it (``--dsn`` or ``$TENURE_DSN``), so
+    that a message about it names that rather than a guess. Otherwise a plain ``str``."""
+
+    source: str
+
+    def __new__(cls, value: str, source: str) -> GivenDsn:
+        self = super().__new__(cls, value)
+        self.source = source
+        return self
+
+    def __reduce__(self) -> tuple[type[GivenDsn], tuple[str, str]]:
+        return (GivenDsn, (str(self), self.source))
+
+
+def named(source: str) -> str:
+    """``resolve``'s ``source`` as a phrase for a message: "the DSN given with --dsn"."""
+    if source == "embedded":
+        return "the embedded server"
+    if source.startswith("-"):
+        return f"the DSN given with {source}"
+    if source.startswith("$"):
+        return f"the DSN from {source}"
+    return source
+
+
+def parse(dsn: str, source: str, *, given: bool | None = None) -> dict[str, str]:
+    """libpq's reading of ``dsn``; an unparseable one raises with the reason, redacted:
+    :class:`~tenure.errors.InvalidArgument` for a DSN the caller passed in (``given``; by
+    default when ``source`` is :data:`GIVEN`), else
+    :class:`~tenure.errors.ConfigurationError`."""
     try:
         params = psycopg.conninfo.conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
         reason = redact(" ".join(str(exc).split()), dsn)
-        given = source == "the DSN given"
-        error = InvalidArgument if given else ConfigurationError
+        error = (
+            InvalidArgument if (source == GIVEN if given is None else given) else ConfigurationError
+        )
         raise error(
-            f"{source if given else 'the DSN from ' + source} cannot be parsed ({reason}); "
+            f"{named(source)} cannot be parsed ({reason}); "
             "write it as a URI (postgresql://user@host:5432/dbname; a password goes after "
             "user and a colon, percent-encoded) or as key=value pairs (host=... dbname=...)"
         ) from None
@@ -109,7 +143,7 @@ def resolve(dsn: str | None = None) -> tuple[str, str]:
     :class:`~tenure.errors.ConfigurationError` (from the environment) when libpq cannot
     parse it."""
     if dsn:
-        found, source = dsn, "the DSN given"
+        found, source = dsn, getattr(dsn, "source", GIVEN)
     else:
         for var in ("TENURE_DSN", "DATABASE_URL"):
             value = os.environ.get(var)
@@ -121,7 +155,7 @@ def resolve(dsn: str | None = None) -> tuple[str, str]:
 
             return embedded.dsn(), "embedded"
     remember(found)
-    parse(found, source)
+    parse(found, source, given=bool(dsn))
     return found, source
 
 

@@ -4,7 +4,9 @@ The command runs in its own session and process group, with the lease's token in
 environment, while a background thread renews the lease. When the lease is lost (renewal
 refused, or the local deadline passes while the database cannot be reached), the whole group
 gets SIGTERM, then SIGKILL after ``--grace``, and ``tenure exec`` exits with
-:data:`EXIT_LEASE_LOST`. Writes the command makes with ``$TENURE_FENCING_TOKEN`` (``tenure
+:data:`EXIT_LEASE_LOST`. A SIGTERM, SIGINT or SIGQUIT sent to ``tenure exec`` is passed on the
+same way: SIGKILL follows after ``--grace`` if the command has not exited, at once on a
+second one. Writes the command makes with ``$TENURE_FENCING_TOKEN`` (``tenure
 result put``, or its own fenced transactions) are rejected once a successor has taken over,
 so even a command that outlives its lease cannot commit anything older than its successor.
 
@@ -248,6 +250,8 @@ def _run_leased(
         child.abort()
         raise
     code = exit_code(status)
+    if child.killed is not None:
+        say(child.killed)
     if child.lost_reason is not None:
         say(
             f"lease {req.key!r} token {lease.token} lost while the command ran "

@@ -1,11 +1,14 @@
 """The command's process group under ``tenure exec``: started in its own session, signals
-passed on, stopped (SIGTERM, then SIGKILL after the grace) when the lease is lost."""
+passed on, stopped (SIGTERM, then SIGKILL after the grace) when the lease is lost or when a
+stop signal passed on is not obeyed."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
+import select
 import signal
 import threading
 import time
@@ -26,6 +29,10 @@ FORWARDED = (
     signal.SIGUSR1,
     signal.SIGUSR2,
 )
+#: Forwarded signals that ask the command to stop: the first is passed on and the group gets
+#: SIGKILL after the grace period unless the command has exited; a second one SIGKILLs the
+#: group at once. (SIGHUP, SIGUSR1 and SIGUSR2 are only passed on: daemons reload on them.)
+STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 
 
 class Interrupted(BaseException):
@@ -62,6 +69,9 @@ class Supervisor:
         self._pending: list[int] = []
         self._killer: threading.Timer | None = None
         self._saved: dict[int, Any] = {}
+        #: Why tenure SIGKILLed the group after a stop signal it passed on (for a message).
+        self.killed: str | None = None
+        self._stop_signal: int | None = None  # the first stop signal passed on
 
     # -- start ---------------------------------------------------------------------------
 
@@ -93,7 +103,7 @@ class Supervisor:
                 self._spawning = False
             pending, self._pending = self._pending, []
         for signum in pending:
-            self.signal_group(signum)
+            self._deliver(signum)
         return True
 
     # -- signals -------------------------------------------------------------------------
@@ -120,7 +130,46 @@ class Supervisor:
                 return
         # Once the command has been reaped this does nothing: tenure finishes releasing
         # the lease (briefly) rather than dying half-way.
-        self.signal_group(signum)
+        self._deliver(signum)
+
+    def _deliver(self, signum: int) -> None:
+        """Pass ``signum`` on. A stop signal is obeyed within the grace period or ends in
+        SIGKILL; a second one while the command is being stopped (by a signal or a lost
+        lease) is SIGKILL at once: a command that ignores SIGTERM must not outlive tenure's
+        supervision, nor hold the lease for ever."""
+        with self._lock:
+            if signum not in STOPPING or self.pid is None or self._reaping:
+                self.signal_group(signum)
+                return
+            if self._stop_signal is not None or self.lost_reason is not None:
+                first = signal.Signals(self._stop_signal or signal.SIGTERM).name
+                self.killed = (
+                    f"{signal.Signals(signum).name} while the command was being stopped "
+                    f"(after {first}): SIGKILL to its process group at once"
+                )
+                self.signal_group(signal.SIGKILL)
+                return
+            self._stop_signal = signum
+            self.signal_group(signum)
+            self._arm_killer(self._kill_ignored_stop)
+
+    def _kill_ignored_stop(self) -> None:
+        with self._lock:
+            if self.pid is None or self._reaping:
+                return
+            name = signal.Signals(self._stop_signal or signal.SIGTERM).name
+            self.killed = (
+                f"the command did not exit within --grace {self.grace:g}s of {name}: "
+                "SIGKILL to its process group"
+            )
+            self.signal_group(signal.SIGKILL)
+
+    def _arm_killer(self, kill: Any) -> None:
+        if self._killer is not None:
+            return  # already stopping: the earlier deadline stands
+        self._killer = threading.Timer(self.grace, kill)
+        self._killer.daemon = True
+        self._killer.start()
 
     def signal_group(self, signum: int) -> None:
         """Send ``signum`` to the command's group, unless it has been reaped."""
@@ -152,9 +201,7 @@ class Supervisor:
                 extra={"job": self.job_key, "token": self.token},
             )
             self.signal_group(signal.SIGTERM)
-            self._killer = threading.Timer(self.grace, self.signal_group, (signal.SIGKILL,))
-            self._killer.daemon = True
-            self._killer.start()
+            self._arm_killer(functools.partial(self.signal_group, signal.SIGKILL))
 
     # -- end -----------------------------------------------------------------------------
 
@@ -170,9 +217,8 @@ class Supervisor:
                 if self._killer is not None:
                     self._killer.cancel()
             return status
-        # Wait without reaping: the zombie keeps the group id reserved. Signals that
-        # interrupt the wait run their handler and the wait resumes (PEP 475).
-        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        # Wait without reaping: the zombie keeps the group id reserved.
+        _wait_handling_signals(pid)
         with self._lock:
             if self._killer is not None:
                 self._killer.cancel()
@@ -198,6 +244,36 @@ class Supervisor:
                 self.signal_group(signal.SIGKILL)
                 self._reaping = True
             os.waitpid(pid, 0)
+
+
+def _wait_handling_signals(pid: int) -> None:
+    """Block until child ``pid`` has exited (without reaping it), running signal handlers as
+    signals arrive.
+
+    A signal sent to tenure may be delivered to any of its threads (the lease's renewal
+    thread, the pool's): then it does not interrupt a blocking wait of the main thread, and
+    the Python handler, which only the main thread runs, would wait for the command to exit.
+    So the main thread sleeps in ``select`` on signal's wakeup fd, which the C-level handler
+    writes to from whichever thread took the signal, and on a pidfd of the child."""
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    pidfd = os.pidfd_open(pid) if hasattr(os, "pidfd_open") else None
+    previous = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    try:
+        watched = [wake_r] if pidfd is None else [wake_r, pidfd]
+        while not _exited(pid):
+            # Without a pidfd, look again every 0.1 s.
+            select.select(watched, [], [], 0.1 if pidfd is None else None)
+            with contextlib.suppress(BlockingIOError):
+                while os.read(wake_r, 512):
+                    pass
+            # Returning to Python code here runs the handlers of what woke us.
+    finally:
+        signal.set_wakeup_fd(previous)
+        for fd in (wake_r, wake_w, pidfd):
+            if fd is not None:
+                os.close(fd)
 
 
 def _exited(pid: int) -> bool:

@@ -40,11 +40,11 @@ import psycopg
 from psycopg.conninfo import make_conninfo
 
 from ..db import migrations
-from ..db.dsn import describe, parse, redact, remember
+from ..db.dsn import describe, named, parse, redact, remember
 from ..db.privileges import FUNCTIONS, TABLES
 from ..db.queries import queries
 from ..db.timeouts import CONNECTION_KWARGS, TIMEOUTS
-from ..errors import TenureError, one_line, translate
+from ..errors import TenureError, connection_failed, one_line, translate
 from ..scheduler import vacuum
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
@@ -85,6 +85,7 @@ class Check:
 class _Context:
     conninfo: str | None = None
     where: str = ""
+    source: str = ""  # where the DSN came from, as resolve() names it
     conn: psycopg.Connection[tuple[Any, ...]] | None = None
     found: list[Check] = field(default_factory=list)
 
@@ -155,6 +156,7 @@ def _dsn(ctx: _Context, dsn: str | None, origin: str | None) -> Check:
         message, _, advice = str(exc).partition("; ")
         return Check("dsn", FAIL, message, advice=advice or None)
     ctx.conninfo, ctx.where = dsn, describe(dsn)
+    ctx.source = "embedded" if embedded else source
     details = [("source", source), ("target", ctx.where)]
     if params.get("password"):
         details.append(("password", "in the DSN (not shown)"))
@@ -184,7 +186,8 @@ def _connect(ctx: _Context) -> Check:
     try:
         conn = psycopg.connect(ctx.conninfo, **kwargs)
     except psycopg.Error as exc:
-        return Check("connect", FAIL, str(translate(exc, f"connecting to {ctx.where}")))
+        failed = connection_failed(exc, f"connecting to {ctx.where}", named(ctx.source))
+        return Check("connect", FAIL, str(failed))
     connect_ms = (time.perf_counter() - started) * 1000
     ctx.conn = conn
     rtts = []

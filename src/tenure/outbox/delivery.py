@@ -89,17 +89,19 @@ class Delivery:
         }
         # A child of the span that enqueued the message (its stored traceparent).
         with tracing.span("tenure.outbox.deliver", attributes, parent=msg.traceparent) as span:
-            error = await self._call(msg, handler, budget)
+            error, final = await self._call(msg, handler, budget)
             span.outcome("delivered" if error is None else "failed", error)
         if error is None:
             await self._delivered(msg, started)
         else:
-            await self._failed(msg, error, started)
+            await self._failed(msg, error, started, dead=final)
 
-    async def _call(self, msg: Message, handler: Handler, budget: float) -> str | None:
-        """Call the handler for at most ``budget`` seconds: None if it succeeded, else the
-        error to record."""
+    async def _call(self, msg: Message, handler: Handler, budget: float) -> tuple[str | None, bool]:
+        """Call the handler for at most ``budget`` seconds: (None, False) if it succeeded,
+        else the error to record and whether it is final (an exception with ``final=True``,
+        e.g. a webhook's 400: dead at once, not retried)."""
         error: str | None = None
+        final = False
         thread: asyncio.Future[Any] | None = None
         try:
             async with asyncio.timeout(budget) as scope:
@@ -125,7 +127,8 @@ class Delivery:
             raise
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        return error
+            final = getattr(exc, "final", False) is True
+        return error, final
 
     async def release(self, msg: Message) -> None:
         """Give the claim on ``msg`` back, uncounted (best effort)."""

@@ -24,6 +24,7 @@ from urllib.request import getproxies
 import httpx
 
 from .. import tracing
+from ..db.dsn import redact
 from ..errors import ConfigurationError, InvalidArgument, TenureError
 from ..validation import Duration, parse_duration
 from .message import Message, encode_part
@@ -36,8 +37,22 @@ SNIPPET = 300
 MAX_ANSWER = 1 << 20
 
 
+#: The 4xx answers that ask to try again later: 408 Request Timeout, 425 Too Early, 429 Too
+#: Many Requests. Every other 4xx says the request itself is refused, which a retry of the
+#: same message will not change: it is final.
+RETRIED_4XX = frozenset({408, 425, 429})
+
+
 class DeliveryFailed(TenureError):
-    """A handler's delivery failed (e.g. the webhook answered with a non-2xx status)."""
+    """A handler's delivery failed (e.g. the webhook answered with a non-2xx status).
+
+    ``final=True``: retrying cannot help (the endpoint refused this message): the relay parks
+    it as dead at once instead of after ``max_attempts``. A handler of yours may raise it so
+    too."""
+
+    def __init__(self, message: str, *, final: bool = False) -> None:
+        super().__init__(message)
+        self.final = final
 
 
 def _file(path: str | os.PathLike[str] | None, what: str) -> str | None:
@@ -181,7 +196,9 @@ class Webhook:
     :func:`tenure.inbox.claim_header`), ``Content-Type: application/json``,
     ``X-Tenure-Topic`` (percent-encoded like the key's topic part), ``X-Tenure-Message-Id``
     and ``X-Tenure-Attempt``, plus ``headers``. A 2xx answer is a delivery; anything else, a
-    connection error or a timeout is a failed attempt. Redirects are not followed.
+    connection error or a timeout is a failed attempt, retried with backoff, except a 4xx
+    other than 408, 425 and 429 (:data:`RETRIED_4XX`): the endpoint refused the request
+    itself, so the failure is final and the message dead at once. Redirects are not followed.
 
     ``timeout`` (optional) caps each call (connect, send, wait, read) below the relay's
     ``timeout``, ``read_timeout`` the wait for each part of the answer. The relay cancels the
@@ -274,9 +291,12 @@ class Webhook:
                 f"POST {self.safe_url}: no answer within {self.timeout:g}s"
             ) from None
         if not 200 <= status < 300:
+            final = 400 <= status < 500 and status not in RETRIED_4XX
             raise DeliveryFailed(
                 f"POST {self.safe_url} answered HTTP {status} {reason}"
                 + (f": {snippet}" if snippet else "")
+                + ("; a 4xx other than 408, 425 and 429 is final: not retried" if final else ""),
+                final=final,
             )
 
     async def _post(self, headers: Mapping[str, str], body: bytes) -> tuple[int, str, str]:
@@ -303,7 +323,8 @@ class Webhook:
                     data += chunk if not ok else b""
                     if len(data) >= SNIPPET or response.num_bytes_downloaded > MAX_ANSWER:
                         break
-                text = " ".join(data.decode("utf-8", "replace").split())[:SNIPPET]
+                # Stored, listed and logged: without the secrets an error page may quote.
+                text = redact(" ".join(data.decode("utf-8", "replace").split())[:SNIPPET])
                 return response.status_code, response.reason_phrase, text
             finally:
                 await response.aclose()

@@ -298,7 +298,9 @@ class Scheduler:
             )
         _check_isolation(f"job {key!r}", fn, isolation)
         policy = Policy(misfire, grace, on_crash, quarantine_after)
-        spec = JobSpec(key, fn, schedule, check_ttl(ttl), policy, isolation)
+        spec = JobSpec(
+            key, fn, schedule, check_ttl(ttl, what=f"job {key!r}: ttl"), policy, isolation
+        )
         self._jobs[key] = spec
         return spec
 

@@ -325,4 +325,11 @@ def history(client: Client, job_key: str, *, limit: int = 20) -> list[RunRecord]
         doing=f"reading the history of {job_key!r}",
         row=HistoryRow,
     )
+    if not rows:  # no runs yet, or no such job (an error, as for pause and trigger)
+        _require(
+            client.fetch(
+                "sched_get", {"job_key": job_key}, doing=f"reading {job_key!r}", row=JobGetRow
+            ),
+            job_key,
+        )
     return [RunRecord(*row) for row in rows]  # the same fields, in the same order

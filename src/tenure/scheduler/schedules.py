@@ -96,6 +96,11 @@ def normalize_cron(expr: str) -> str:
     if not isinstance(expr, str) or not expr.strip():
         raise InvalidArgument(f"cron must be a cron expression like '0 2 * * *', got {expr!r}")
     text = " ".join(expr.split())
+    if text.lower() == "@reboot":
+        raise InvalidArgument(
+            "cron @reboot is not supported: it has no time of its own that workers could "
+            "share as a slot; run the work at start-up yourself, or use a time-based schedule"
+        )
     text = _ALIASES.get(text.lower(), text)
     fields = len(text.split())
     if fields != 5:
@@ -182,6 +187,8 @@ class Schedule:
             text = f"at {self.run_at.isoformat()}"
         elif self.every_us is not None:
             text = f"every {self.every_us / 1e6:g}s"
+        elif self.cron is None:
+            text = "one-shot"  # a reader that did not read run_at (the dashboard's job list)
         else:
             text = f"cron {self.cron!r} {self.timezone}"
         if self.starts_at is not None:

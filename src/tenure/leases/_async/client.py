@@ -20,7 +20,7 @@ from ... import metrics
 from ..._acompat import monotonic
 from ...db import migrations
 from ...db.channels import channel
-from ...db.dsn import describe, resolve
+from ...db.dsn import describe, named, resolve
 from ...db.executor import R, typed
 from ...db.idle import closed_while_idle
 from ...db.queries import compose, queries
@@ -39,6 +39,7 @@ from ...errors import (
     LeaseBusy,
     TenureError,
     Timeout,
+    connection_failed,
     mapped,
     translate,
 )
@@ -667,7 +668,7 @@ async def connect_async(
         probe = await AsyncConnection.connect(conninfo, **kwargs)
         await probe.close()
     except psycopg.Error as exc:
-        raise translate(exc, f"connecting to {where} (from {source})") from exc
+        raise connection_failed(exc, f"connecting to {where}", named(source)) from exc
     check = _IdleCheck()
     pool: AsyncConnectionPool[AsyncConnection[Any]] = AsyncConnectionPool(
         conninfo,

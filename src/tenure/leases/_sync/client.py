@@ -23,7 +23,7 @@ from ... import metrics
 from ..._compat import monotonic
 from ...db import migrations
 from ...db.channels import channel
-from ...db.dsn import describe, resolve
+from ...db.dsn import describe, named, resolve
 from ...db.executor import R, typed
 from ...db.idle import closed_while_idle
 from ...db.queries import compose, queries
@@ -42,6 +42,7 @@ from ...errors import (
     LeaseBusy,
     TenureError,
     Timeout,
+    connection_failed,
     mapped,
     translate,
 )
@@ -655,7 +656,7 @@ def connect(
         probe = Connection.connect(conninfo, **kwargs)
         probe.close()
     except psycopg.Error as exc:
-        raise translate(exc, f"connecting to {where} (from {source})") from exc
+        raise connection_failed(exc, f"connecting to {where}", named(source)) from exc
     check = _IdleCheck()
     pool: ConnectionPool[Connection[Any]] = ConnectionPool(
         conninfo,
