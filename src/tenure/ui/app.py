@@ -416,8 +416,10 @@ class Dashboard:
             return PlainTextResponse(f"unknown action {action!r}\n", status_code=404)
         if not security.same_origin(request.headers, request.url.scheme):
             return PlainTextResponse("cross-origin POST refused\n", status_code=403)
-        body = (await request.body())[:10_000].decode("utf-8", "replace")
-        form = {k: v[0] for k, v in parse_qs(body).items()}
+        # Room for a bulk action's page of keys (200 characters each, percent-encoded).
+        body = (await request.body())[:100_000].decode("utf-8", "replace")
+        fields = parse_qs(body)
+        form = {k: v[0] for k, v in fields.items()}
         if not self.csrf.check(request.cookies.get(security.COOKIE), form.get(security.FIELD)):
             return PlainTextResponse(
                 "missing or wrong CSRF token: reload the page and try again\n", status_code=403
@@ -429,7 +431,11 @@ class Dashboard:
             back = "/"
         base = request.scope.get("root_path", "").rstrip("/")
         try:
-            message = await run_in_threadpool(self._actions.run, action, target, form)
+            if action.startswith("bulk-"):
+                targets = fields.get("target", [])
+                message = await run_in_threadpool(self._actions.run_bulk, action, targets)
+            else:
+                message = await run_in_threadpool(self._actions.run, action, target, form)
         except (TenureError, ValueError) as exc:
             message = f"{action} failed: {exc}"
         log.warning("dashboard action %s %r: %s", action, target, message)
