@@ -162,6 +162,7 @@ class Dashboard:
                 Route("/schedule", self._guard(self.schedule), name="schedule"),
                 Route("/leases", self._guard(self.leases), name="leases"),
                 Route("/outbox", self._guard(self.outbox), name="outbox"),
+                Route("/workers", self._guard(self.workers), name="workers"),
                 Route("/events", self._guard(self.events), name="events"),
                 Route("/action/{action}", self._guard(self.action), methods=["POST"]),
                 Mount("/static", app=static, name="static"),
@@ -366,6 +367,12 @@ class Dashboard:
         page = _int(request.query_params.get("page"), 1)
         view = await self.reader.leases(search=search, page=page)
         return self._page(request, "leases.html", {"page": "leases", "v": view})
+
+    async def workers(self, request: Request) -> Response:
+        workers, now = await self.reader.workers()
+        return self._page(
+            request, "workers.html", {"page": "workers", "workers": workers, "now": now}
+        )
 
     async def outbox(self, request: Request) -> Response:
         topics, dead, now = await self.reader.outbox()
