@@ -39,6 +39,7 @@ JOB = "job_run"  # outcome: succeeded | failed | lease_lost | ...; value: durati
 JOB_LATENESS = "job_lateness"  # scheduler: value: run start minus its slot, database clock (s)
 OUTBOX_DELIVERY = "outbox_delivery"  # job = topic; outcome: delivered | retry | dead | lost_claim
 SATURATED = "worker_saturated"  # job = app name; outcome: saturated | ok; value: 1.0 | 0.0
+LOOP_LAG = "worker_loop_lag"  # job = app name; value: longest loop block of the last minute (s)
 
 #: Label values created at zero as soon as a process acquires a job, so that the first
 #: renewal failure, lost lease or stale rejection shows as an increase (Prometheus'
@@ -204,6 +205,15 @@ def install_prometheus(registry: Any = None) -> Callable[[], None]:
         multiprocess_mode="livemax",
         **kw,
     )
+    # livemax: in multiprocess mode, the worst of the app's live worker processes.
+    loop_lag = prom.Gauge(
+        "tenure_worker_loop_lag_seconds",
+        "Longest a scheduler worker's event loop was blocked in the last minute (a job "
+        "doing sync work inside async def)",
+        ["app"],
+        multiprocess_mode="livemax",
+        **kw,
+    )
     deliveries = prom.Counter(
         "tenure_outbox_delivery_attempts",
         "Outbox delivery attempts by outcome (delivered, retry, dead, lost_claim)",
@@ -248,6 +258,8 @@ def install_prometheus(registry: Any = None) -> Callable[[], None]:
                 lateness.labels(event.job).observe(max(0.0, event.value))
         elif event.name == SATURATED:
             saturated.labels(event.job).set(event.value or 0.0)
+        elif event.name == LOOP_LAG:
+            loop_lag.labels(event.job).set(event.value or 0.0)
         elif event.name == OUTBOX_DELIVERY:
             deliveries.labels(event.job, event.outcome).inc()
             if event.value is not None:

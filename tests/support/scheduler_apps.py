@@ -374,3 +374,16 @@ def gone(ctx: tenure.JobContext) -> None:
     record(ctx, "started")
     while not ctx.cancelled:
         time.sleep(0.05)
+
+
+# -- blocker: an async job that blocks its worker's event loop (issue 29) --------------------
+
+blocker = tenure.Scheduler()
+BLOCK_TTL = 2.0
+
+
+@blocker.job("blocks-loop", every="1s", ttl=f"{BLOCK_TTL:g}s")
+async def blocks_loop(ctx: tenure.JobContext) -> None:
+    # Sync code inside async def: the worker's loop (lease renewals included) stops for twice
+    # the TTL, so the lease expires under a live worker.
+    time.sleep(2 * BLOCK_TTL)

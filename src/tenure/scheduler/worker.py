@@ -36,6 +36,10 @@ here when its start is recorded, and carried to its 'running' row and its end):
 Saturation (:mod:`.saturation`): slots that came due while the worker ran and were skipped,
 or started over a second late, make it log a warning and emit the ``worker_saturated`` metric.
 
+Loop lag (:mod:`.looplag`): a job that blocks this loop (sync code inside ``async def``) is
+named in a warning and the ``worker_loop_lag`` metric; the lease it loses under a live worker
+does not count toward quarantine (``sched_claim``'s ``prior_gone``).
+
 Wake-ups: the claim's "look again at" time, a ``LISTEN`` on a dedicated connection (schedule
 changes, pause/resume/trigger, handed-over slots), and the end of a local run. The longest
 sleep is :data:`~.claimer.MAX_IDLE`, a safety net for a lost notification.
@@ -67,6 +71,7 @@ from .execution import Run, execute
 from .finisher import Finisher
 from .identity import WorkerIdentity
 from .isolation import GRACE as CHILD_GRACE
+from .looplag import LoopLag, threshold
 from .presence import Presence
 from .registration import register, register_tasks
 from .saturation import Saturation
@@ -110,6 +115,9 @@ class Worker:
         self._wake = asyncio.Event()
         self.saturation = Saturation(self.id, settings.app)
         self.limit = BodyLimit(settings.concurrency, self._wake)
+        # How long a job blocked this loop (looplag.py): logged, exported (issue 29).
+        limit = threshold(spec.ttl for spec in specs.values())
+        self.loop_lag = LoopLag(self.id, settings.app, self._running, limit)
         self.starter = Starter(
             self.who,
             running=self._running,
@@ -243,6 +251,8 @@ class Worker:
             tasks.append(asyncio.create_task(pruner, name="tenure-prune"))
             running_rows = self.finisher.rows_in_progress()
             tasks.append(asyncio.create_task(running_rows, name="tenure-running"))
+            lag = self.loop_lag.watch_forever()
+            tasks.append(asyncio.create_task(lag, name="tenure-loop-lag"))
             beats = self.presence.beat_forever(self.client)
             tasks.append(asyncio.create_task(beats, name="tenure-presence"))
             if settings.vacuum_every > 0:

@@ -144,12 +144,18 @@ WITH clock AS MATERIALIZED (
            -- lost the lease or shut down records its end with sched_finish). Its history row
            -- is missing, or 'running' (a long run's, sched_running), or 'abandoned': its body
            -- did not stop at its worker's shutdown, which stopped without it (counted toward
-           -- quarantine as a crash is).
+           -- quarantine as a crash is). Not gone while its worker still has a connection
+           -- open (issue 29): a worker whose loop a job blocked lost the lease, but is alive
+           -- and records the run's end itself; a killed worker's connections close at once.
            (j.running_token IS NOT NULL AND NOT EXISTS (
                SELECT 1 FROM {schema}.job_runs AS r
                WHERE r.job_key = j.job_key AND r.token = j.running_token
                  AND r.started_at IS NOT NULL
-                 AND r.outcome NOT IN ('running', 'abandoned'))) AS prior_gone,
+                 AND r.outcome NOT IN ('running', 'abandoned'))
+            AND NOT EXISTS (
+               SELECT 1 FROM pg_stat_activity AS a
+               WHERE j.running_worker IS NOT NULL
+                 AND a.application_name = 'tenure worker ' || j.running_worker)) AS prior_gone,
            -- When the lease before this claim ended (expired or released): slots that came
            -- due while another holder kept the job are not this worker falling behind.
            (SELECT l.lease_until FROM {schema}.job_leases AS l
