@@ -17,6 +17,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from ..db.executor import typed
+from ..db.queries import query
 from ..db.rows import row_of
 from ..db.timeouts import CONNECTION_KWARGS
 from ..errors import DatabaseUnavailable, one_line
@@ -174,10 +175,13 @@ class JobRow:
     last_token: int | None
     now: dt.datetime
     quarantined: bool = False
+    #: No live worker of its app defines it (scheduler/presence.py).
+    undefined: bool = False
 
     @property
     def state(self) -> str:
         return job_state(
+            undefined=self.undefined,
             quarantined=self.quarantined,
             paused=self.paused,
             running=self.running,
@@ -212,6 +216,27 @@ class OtherKey:
         if not self.held:
             return None
         return max(0.0, (self.lease_until - self.now).total_seconds())
+
+
+@row_of("ui_workers")  # built by position: Worker(*row)
+@dataclass(frozen=True, slots=True)
+class Worker:
+    """A worker seen in the window's runs, running something now, or present (migration
+    13's scheduler_workers row)."""
+
+    worker: str
+    app: str | None  # None: no presence row (an older worker, or its row is gone)
+    host: str | None
+    pid: int | None
+    seen_until: dt.datetime | None
+    alive: bool
+    defines: int | None
+    runs: int
+    failed: int
+    fenced: int
+    last_at: dt.datetime | None
+    running: list[str]
+    now: dt.datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -500,6 +525,10 @@ class Reader:
         }
         async with self._session() as conn:
             rows = typed(await self._all(conn, name, params), JobsPageRow)
+            undefined: set[str] = set()
+            if rows:  # the scheduler's own statement (scheduler/presence.py): a few keys
+                cur = await conn.execute(query(self.schema, "sched_undefined"))
+                undefined = {r[0] for r in await cur.fetchall()}
             others: tuple[OtherKey, ...] = ()
             if state == "all":
                 others = tuple(
@@ -526,6 +555,7 @@ class Reader:
                 r.token,
                 r.now,
                 r.quarantined_at is not None,
+                r.job_key in undefined,
             )
             for r in rows
         )
@@ -650,6 +680,15 @@ class Reader:
         out = tuple(LeaseRow(*row[:10]) for row in rows)
         pages = max(1, math.ceil(total / (PAGE_SIZE * 4)))
         return LeasePage(out, total, page, pages, search, now)
+
+    async def workers(self, seconds: int = 900) -> tuple[tuple[Worker, ...], dt.datetime]:
+        """Every worker of the last ``seconds`` (runs recorded), running now, or present."""
+        async with self._session() as conn:
+            [(now,)] = await self._all(conn, "ui_clock")
+            rows = await self._all(
+                conn, "ui_workers", {"since": now - dt.timedelta(seconds=seconds)}
+            )
+        return tuple(Worker(*row) for row in rows), now
 
     async def outbox(
         self, *, dead_limit: int = 100
