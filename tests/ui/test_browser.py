@@ -8,6 +8,7 @@ Regenerate the README's screenshot of the job page (docs/ui-job.png):
 from __future__ import annotations
 
 import os
+import re
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -301,3 +302,47 @@ def test_live_refresh_keeps_what_is_typed_in_the_search_box_and_its_focus(
         # A local time always carries the browser's zone (this browser's is UTC).
         shown = browser.find_element(By.CSS_SELECTOR, "table.jobs tbody time").text
         assert shown.endswith((" UTC", " GMT")), shown
+
+
+def _luminance(css: str) -> float:
+    """WCAG relative luminance of a computed ``rgb(...)``/``rgba(...)`` colour."""
+    r, g, b = (int(v) / 255 for v in re.findall(r"[\d.]+", css)[:3])
+
+    def lin(c: float) -> float:
+        return c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4
+
+    return 0.2126 * lin(r) + 0.7152 * lin(g) + 0.0722 * lin(b)
+
+
+def _contrast(a: str, b: str) -> float:
+    hi, lo = sorted((_luminance(a), _luminance(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+def test_dark_mode_follows_the_browsers_colour_scheme(browser: Any, dsn: str, schema: str) -> None:
+    register_job(dsn, schema)
+    seen = {}
+    with ui_server(dsn, schema) as ui:
+        try:
+            for scheme in ("light", "dark"):
+                browser.execute_cdp_cmd(
+                    "Emulation.setEmulatedMedia",
+                    {"features": [{"name": "prefers-color-scheme", "value": scheme}]},
+                )
+                browser.get(ui.url + "job?key=report")
+                seen[scheme] = browser.execute_script(
+                    "const s = getComputedStyle(document.body);"
+                    "const a = getComputedStyle(document.querySelector('nav a'));"
+                    "const t = document.querySelector('svg.timeline .tick');"
+                    "return [s.backgroundColor, s.color, a.color,"
+                    " t ? getComputedStyle(t).fill : s.color,"
+                    " matchMedia('(prefers-color-scheme: dark)').matches];"
+                )
+        finally:
+            browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
+    light, dark = seen["light"], seen["dark"]
+    assert light[4] is False and dark[4] is True, seen
+    assert _luminance(light[0]) > 0.9 and _luminance(dark[0]) < 0.05, seen
+    for bg, *inks, _ in (light, dark):  # text, links and axis labels stay readable (AA)
+        for ink in inks:
+            assert _contrast(bg, ink) >= 4.5, (bg, ink, seen)

@@ -43,6 +43,22 @@ from .common import CONTEXT, connect, db_options, handle_errors, setup_logs
     help="Credential every request must carry: the HTTP Basic password (any user name) or "
     "'Authorization: Bearer TOKEN'. Prefer the environment variable (a flag shows in ps).",
 )
+@click.option(
+    "--root-path",
+    default="",
+    envvar="TENURE_UI_ROOT_PATH",
+    show_envvar=True,
+    help="Path prefix a reverse proxy serves the dashboard under (e.g. /ops/tenure): links, "
+    "assets, cookies and redirects carry it. The proxy may strip it or pass it on.",
+)
+@click.option(
+    "--forwarded-allow-ips",
+    default=None,
+    envvar="TENURE_UI_FORWARDED_ALLOW_IPS",
+    show_envvar=True,
+    help="Comma-separated proxy addresses or networks (or *) whose X-Forwarded-Proto, "
+    "-Host, -For and -Prefix headers are believed. [default: none]",
+)
 @handle_errors
 def ui(
     dsn: str | None,
@@ -53,6 +69,8 @@ def ui(
     port: int,
     actions: bool,
     token: str | None,
+    root_path: str,
+    forwarded_allow_ips: str | None,
 ) -> None:
     """Serve the web dashboard: jobs, leases, takeovers and refused writes, live.
 
@@ -68,7 +86,14 @@ def ui(
     from ..ui.server import serve
 
     dashboard, sock = start_dashboard(
-        dsn=dsn, schema=schema, host=host, port=port, actions=actions, token=token
+        dsn=dsn,
+        schema=schema,
+        host=host,
+        port=port,
+        actions=actions,
+        token=token,
+        root_path=root_path,
+        forwarded_allow_ips=forwarded_allow_ips,
     )
     try:
         serve(dashboard, sock)
@@ -163,6 +188,8 @@ def start_dashboard(
     token: str | None,
     check: bool = True,
     flags: str = "--port (0: any free port) or --host",
+    root_path: str = "",
+    forwarded_allow_ips: str | None = None,
 ) -> tuple[Any, socket.socket]:
     """Build the dashboard and bind its socket, with the checks and messages of `tenure ui`
     (shared with `tenure worker --ui-port` and `--ui`)."""
@@ -175,13 +202,21 @@ def start_dashboard(
             "who can reach it can read job keys, errors and results; set a token",
             err=True,
         )
-    dashboard = Dashboard(dsn, schema=schema, actions=actions, credential=token)
+    dashboard = Dashboard(
+        dsn,
+        schema=schema,
+        actions=actions,
+        credential=token,
+        root_path=root_path,
+        forwarded_allow_ips=forwarded_allow_ips,
+    )
     if check:
         _check_schema(dsn, schema)
     sock = bind(host, port, flags)
     mode = "actions enabled" if actions else "read-only"
     click.echo(
-        f"tenure: dashboard on {url_of(sock)} ({mode}) for schema {schema!r} on {dashboard.where}",
+        f"tenure: dashboard on {url_of(sock)} ({mode}) for schema {schema!r} on {dashboard.where}"
+        + (f", under {root_path.rstrip('/')} behind a proxy" if root_path.strip("/ ") else ""),
         err=True,
     )
     return dashboard, sock

@@ -6,8 +6,9 @@ the exporter, ``tenure verify``) talks to PostgreSQL through these methods of a 
 client's pool or its private helpers:
 
 * :meth:`~Executor.fetch`: one named statement (``db/sql/*.sql``) on a pooled autocommit
-  connection, the rows as tuples in the statement's column order; errors translated to
-  :class:`~tenure.TenureError` (``wrote=True``: a lost connection may have committed it).
+  connection, the rows as the statement's row type (``row=``, :mod:`tenure.db.rows`) or as
+  tuples in its column order; errors translated to :class:`~tenure.TenureError`
+  (``wrote=True``: a lost connection may have committed it).
 * :meth:`~Executor.fetch_one`: the same, the first row or None.
 * :meth:`~Executor.fetch_sized`: a statement whose work grows with its input, in its own
   transaction with longer timeouts, one at a time per ``serialize`` name in the schema.

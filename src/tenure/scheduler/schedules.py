@@ -187,6 +187,8 @@ class Schedule:
             text = f"at {self.run_at.isoformat()}"
         elif self.every_us is not None:
             text = f"every {self.every_us / 1e6:g}s"
+        elif self.cron is None:
+            text = "one-shot"  # a reader that did not read run_at (the dashboard's job list)
         else:
             text = f"cron {self.cron!r} {self.timezone}"
         if self.starts_at is not None:

@@ -46,6 +46,7 @@ from ..validation import check_schema
 from . import data, security
 from .actions import ACTIONS, Actions
 from .live import Broker
+from .proxy import behind_proxy, check_root_path, parse_allow
 from .timeline import GLYPH, LABEL, render
 
 log = logging.getLogger("tenure.ui")
@@ -112,7 +113,13 @@ class Dashboard:
     """The dashboard for one schema. ``actions`` needs ``credential``: a read-only dashboard
     (the default) changes nothing in the database. ``stream=False``: no server-sent events
     (``/events`` answers 204 and pages poll every 5 s), for servers where an open stream
-    would hold a worker for as long as a page is open (WSGI, see :func:`wsgi_app`)."""
+    would hold a worker for as long as a page is open (WSGI, see :func:`wsgi_app`).
+
+    Behind a reverse proxy under a path prefix: ``root_path="/ops/tenure"`` (links, assets,
+    cookies and redirects carry it; the proxy may strip it or pass it on).
+    ``forwarded_allow_ips``: the proxy addresses (``"127.0.0.1,10.0.0.0/8"``, ``"*"``)
+    whose ``X-Forwarded-Proto``, ``-Host``, ``-For`` and ``-Prefix`` are believed; by
+    default none are."""
 
     def __init__(
         self,
@@ -122,8 +129,12 @@ class Dashboard:
         actions: bool = False,
         credential: str | None = None,
         stream: bool = True,
+        root_path: str = "",
+        forwarded_allow_ips: str | None = None,
     ) -> None:
         self.schema = check_schema(schema)
+        trusted = parse_allow(forwarded_allow_ips)
+        check_root_path(root_path)
         if actions and not credential:
             raise ConfigurationError(
                 "dashboard actions need a credential: set one (--token / $TENURE_UI_TOKEN) or "
@@ -142,7 +153,7 @@ class Dashboard:
         self.csrf = security.Csrf()
         self.templates = _env()
         static = StaticFiles(packages=[("tenure.ui", "static")])
-        self.app = Starlette(
+        self.starlette = Starlette(
             routes=[
                 Route("/", self._guard(self.overview), name="overview"),
                 Route("/jobs", self._guard(self.jobs), name="jobs"),
@@ -157,6 +168,9 @@ class Dashboard:
             ],
             lifespan=self._lifespan,
         )
+        #: The ASGI app to serve or mount (the Starlette app, behind the root path and the
+        #: trusted proxy's headers when given).
+        self.app: Any = behind_proxy(self.starlette, root_path=root_path, trusted=trusted)
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, _app: Starlette) -> AsyncIterator[None]:
@@ -450,4 +464,4 @@ def create_app(
     credential: str | None = None,
 ) -> Starlette:
     """The dashboard's ASGI app (closes its connections on the app's lifespan shutdown)."""
-    return Dashboard(dsn, schema=schema, actions=actions, credential=credential).app
+    return Dashboard(dsn, schema=schema, actions=actions, credential=credential).starlette

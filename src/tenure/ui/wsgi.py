@@ -39,7 +39,7 @@ class WsgiDashboard:
             target=self._loop.run_forever, name="tenure-ui-wsgi", daemon=True
         )
         self._thread.start()
-        self._middleware = ASGIMiddleware(dashboard.app, loop=self._loop)  # type: ignore[arg-type]
+        self._middleware = ASGIMiddleware(dashboard.app, loop=self._loop)
 
     def __call__(
         self, environ: dict[str, Any], start_response: Callable[..., Any]
