@@ -294,24 +294,33 @@ def measure(
         end = t1 - dt.timedelta(seconds=1)
         seconds = (end - t0).total_seconds()
         with psycopg.connect(dsn, autocommit=True) as conn:
+            # A side before schema version 13 has no `slots` column: one row per slot there.
+            (has_slots,) = conn.execute(
+                "SELECT count(*) > 0 FROM information_schema.columns WHERE table_schema = %s "
+                "AND table_name = 'job_runs' AND column_name = 'slots'",
+                (SCHEMA,),
+            ).fetchone() or (False,)
             q = sql.SQL(
                 """
                 SELECT count(*) FILTER (WHERE started_at IS NOT NULL),
                        count(*) FILTER (WHERE started_at IS NOT NULL)
                            - count(DISTINCT (job_key, slot)) FILTER (WHERE started_at IS NOT NULL),
-                       coalesce(sum(slots) FILTER (WHERE outcome = 'misfire_skipped'), 0),
+                       coalesce(sum({slots}) FILTER (WHERE outcome = 'misfire_skipped'), 0),
                        percentile_cont(0.5) WITHIN GROUP (
                            ORDER BY extract(epoch FROM started_at - slot)),
                        percentile_cont(0.99) WITHIN GROUP (
                            ORDER BY extract(epoch FROM started_at - slot)),
                        max(extract(epoch FROM started_at - slot)),
-                       count(DISTINCT (job_key, slot)) + coalesce(sum(slots - 1), 0),
+                       count(DISTINCT (job_key, slot)) + coalesce(sum({slots} - 1), 0),
                        count(*) FILTER (WHERE started_at < slot)
                 FROM {schema}.job_runs
                 WHERE slot >= %s AND slot < %s AND kind = 'scheduled'
                   AND (started_at IS NULL OR started_at <= %s)
                 """
-            ).format(schema=sql.Identifier(SCHEMA))
+            ).format(
+                schema=sql.Identifier(SCHEMA),
+                slots=sql.SQL("slots" if has_slots else "1"),
+            )
             row = conn.execute(q, (t0, end, t1)).fetchone()
             assert row is not None
             runs, dupes, skipped, p50, p99, worst, seen, early = row

@@ -28,6 +28,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -104,6 +105,16 @@ def _kill(proc: subprocess.Popen[bytes] | None) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(10)
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            # pid (comm) state ppid ...: comm may hold spaces, so split after its ")".
+            if int(stat.read_text().rpartition(")")[2].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+    return found
 
 
 @dataclass
@@ -273,6 +284,10 @@ class PatroniCluster:
                 "data_dir": str(m.datadir),
                 "bin_dir": str(self.bindir),
                 "pgpass": str(m.base / "pgpass"),
+                # An old primary whose WAL went past the fork (it crashed with commits the
+                # new leader never got) is cloned again when pg_rewind cannot bring it back.
+                "remove_data_directory_on_rewind_failure": True,
+                "remove_data_directory_on_diverged_timelines": True,
                 "authentication": {
                     "superuser": {"username": "postgres", "password": "postgres"},
                     "replication": {"username": "replicator", "password": "replicator"},
@@ -330,7 +345,12 @@ listen rw
         for m in self.members:
             with contextlib.suppress(OSError, ValueError, IndexError):
                 os.kill(m.postmaster_pid(), signal.SIGKILL)
-            m.etcd_proxy.stop()
+        # Each proxy takes up to 2 s to join its threads: all at once.
+        stoppers = [threading.Thread(target=m.etcd_proxy.stop) for m in self.members]
+        for t in stoppers:
+            t.start()
+        for t in stoppers:
+            t.join(10)
         _kill(self.haproxy_proc)
         _kill(self.etcd_proc)
         self.haproxy_proc = self.etcd_proc = None
@@ -446,6 +466,35 @@ listen rw
         proxy = self.member(name).etcd_proxy
         proxy.blackhole()
         proxy.cut()
+
+    def stop_wal_senders(self, name: str) -> int:
+        """SIGSTOP the WAL senders of member ``name`` (the leader): its standbys stop getting
+        WAL from now on (stopping their receivers would not do: the kernel's socket buffers
+        would still take the WAL in). Returns how many were stopped."""
+        with psycopg.connect(self.member(name).dsn, autocommit=True, connect_timeout=2) as conn:
+            pids = [r[0] for r in conn.execute(b"SELECT pid FROM pg_stat_replication")]
+        for pid in pids:
+            os.kill(int(pid), signal.SIGSTOP)
+        return len(pids)
+
+    def crash(self, name: str) -> None:
+        """SIGKILL member ``name``'s Patroni, then its postmaster: the whole member is gone
+        (nothing restarts it) until :meth:`revive`."""
+        m = self.member(name)
+        pid = m.postmaster_pid()
+        _kill(m.proc)
+        m.proc = None
+        # The postmaster's children too, at once: a WAL sender outlives a killed postmaster
+        # until it notices, and would still ship the WAL the standbys must not get.
+        for victim in [pid, *_children(pid)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, signal.SIGKILL)
+
+    def revive(self, name: str) -> None:
+        """Start member ``name``'s Patroni again: it rewinds (pg_rewind) if its data went
+        past the new leader's timeline, then follows it."""
+        m = self.member(name)
+        m.proc = _spawn(["patroni", str(m.config)], m.log, as_postgres=True)
 
     def heal(self, name: str) -> None:
         self.member(name).etcd_proxy.heal()

@@ -31,6 +31,16 @@ STEADY = 2.0  # seconds of load before the fault and after the recovery
 ALL = os.environ.get("TENURE_HA_ALL", "") not in ("", "0")
 
 
+def is_loss(violation: str) -> bool:
+    """What losing acknowledged commits does downstream, not a fault of tenure: a run
+    acknowledged on the old primary and lost runs its slot again on the new one; the relay
+    may have delivered the lost run's message before the primary died. No token is told
+    twice and no stale write commits even then (the timeline floor): those checks stay."""
+    return violation.startswith("outbox-phantom:") or (
+        violation.startswith("slot-twice:") and " acknowledged " in violation
+    )
+
+
 def kill_postmaster(c: PatroniCluster) -> str:
     leader = c.leader()
     assert leader is not None
@@ -63,11 +73,29 @@ def partition(c: PatroniCluster) -> str:
     return f"{leader}'s Patroni partitioned from etcd until another member led"
 
 
+def lagging_failover(c: PatroniCluster) -> str:
+    """The failover asynchronous replication can lose commits in: the leader's WAL senders
+    stop for 2 s of load, then the whole leader dies (Patroni and PostgreSQL, WAL senders
+    included); a standby is promoted after the leader key's TTL (its lag is under
+    maximum_lag_on_failover), and the old leader comes back, is rewound and follows. In
+    synchronous mode the primary's commits wait for the standby instead, so none of those
+    2 s is acknowledged."""
+    leader = c.leader()
+    assert leader is not None
+    assert c.stop_wal_senders(leader) == len(c.members) - 1
+    time.sleep(2.0)
+    c.crash(leader)
+    c._wait(lambda: c.leader() not in (None, leader), 90, "a new leader")
+    c.revive(leader)
+    return f"{leader} crashed whole after its standbys got no WAL for 2 s"
+
+
 FAULTS: dict[str, Callable[[PatroniCluster], str]] = {
     "kill9": kill_postmaster,
     "switchover": switchover,
     "failover": failover,
     "partition": partition,
+    "lagging": lagging_failover,
 }
 
 
@@ -128,6 +156,12 @@ def run_fault(c: PatroniCluster, fault: str) -> tuple[str, Recovery]:
     with (Path(os.environ.get("TENURE_HA_REPORT", os.devnull))).open("a") as f:
         f.write(summary + "\n")
     found = report.violations + (report.lost_acks if c.synchronous else [])
+    if fault == "lagging" and not c.synchronous:
+        # Asynchronous replication lost acknowledged commits: the scenario's point. What
+        # tenure still guarantees is checked; the topology's losses are listed apart.
+        assert report.lost_acks, f"{what}: nothing was lost, the scenario tested nothing"
+        found = [f for f in found if not is_loss(f)]
+        print("lost with the old primary:", report.lost_acks, report.violations)
     assert not found, f"{what}: logs in {out}\n" + "\n".join(found[:20])
     shutil.rmtree(out, ignore_errors=True)
     return what, recovery

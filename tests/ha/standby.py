@@ -31,7 +31,6 @@ READS = [
     ["status"],
     ["status", "--json"],
     ["jobs", "list"],
-    ["jobs", "history", "ha-standby"],
     ["outbox", "list"],
     ["result", "get", "--key", "ha-standby"],
 ]

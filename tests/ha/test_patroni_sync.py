@@ -13,7 +13,7 @@ from .faults import ALL, EVERY, run_fault, verify_with_patroni_faults
 SYNCHRONOUS = True
 pytestmark = [pytest.mark.ha, pytest.mark.slow, pytest.mark.timeout(240)]
 
-CI_FAULTS = ["switchover", "failover@multihost"]
+CI_FAULTS = ["lagging", "failover@multihost"]
 FAULTS = EVERY if ALL else CI_FAULTS
 
 

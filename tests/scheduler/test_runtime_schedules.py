@@ -435,3 +435,21 @@ def test_a_task_no_worker_has_is_reported_once_not_retried_in_a_loop(
         )
     assert after == token  # claimed once, never again
     assert caplog.text.count("task 'nobody.has.this'") == 1
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        {"deep": __import__("functools").reduce(lambda acc, _: [acc], range(10_000), 1)},
+        '{"deep": ' + "[" * 10_000 + "]" * 10_000 + "}",
+        {"nan": float("nan")},
+        {"key\x00": 1},
+        {"s": "\ud800"},
+        {"set": {1, 2}},
+    ],
+    ids=["deep", "deep-text", "nan", "nul-key", "surrogate", "set"],
+)
+def test_args_json_cannot_store_are_refused_in_one_line(args: Any) -> None:
+    with pytest.raises(tenure.InvalidArgument) as caught:
+        tenure.schedule_def("k", task="t", every="1h", args=args)
+    assert "\n" not in str(caught.value)

@@ -213,7 +213,11 @@ class RunContext:
         return self.cancelled
 
     def fence(self, conn: psycopg.Connection[Any]) -> None:
-        """Fence the current transaction on your ``conn`` with this run's token (strict)."""
+        """Fence the current transaction on your ``conn`` with this run's token (strict).
+        Raises :class:`~tenure.LeaseLost` once this run must stop, as :meth:`check`: the
+        database may still hold the lease (a renewal's answer came late), but the run is
+        given up and its slot retried, so its writes must not commit."""
+        self.check()
         try:
             fence(conn, self.job_key, self.token, schema=self._schema)
         except StaleTokenError:
@@ -222,6 +226,7 @@ class RunContext:
 
     async def fence_async(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """:meth:`fence` for an asyncio connection."""
+        self.check()
         try:
             await fence_async(conn, self.job_key, self.token, schema=self._schema)
         except StaleTokenError:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import InvalidArgument
-from ..validation import Duration, check_job_key, check_ttl, parse_duration
+from ..validation import MAX_JSON_DEPTH, Duration, check_job_key, check_ttl, parse_duration, to_json
 from .schedules import (
     MISFIRE_POLICIES,
     NEVER,
@@ -53,30 +53,28 @@ def check_args(args: object) -> tuple[dict[str, Any], str]:
     if args is None:
         return {}, "{}"
     if isinstance(args, (str, bytes)):
+        # The payload rules (depth, NUL, surrogates, NaN), with a message of its own.
         try:
             args = json.loads(args)
+        except RecursionError:
+            raise InvalidArgument(
+                f"args are nested more than {MAX_JSON_DEPTH} levels deep; flatten them"
+            ) from None
         except ValueError as exc:
-            raise InvalidArgument(f"args are not JSON ({exc}); give a JSON object") from None
+            reason = " ".join(str(exc).split())
+            raise InvalidArgument(f"args are not JSON ({reason}); give a JSON object") from None
     if not isinstance(args, Mapping):
         raise InvalidArgument(
             f"args must be a JSON object (a dict: ctx.args), got {type(args).__name__}"
         )
-    try:
-        text = json.dumps(dict(args), separators=(",", ":"), allow_nan=False, ensure_ascii=False)
-    except (TypeError, ValueError) as exc:
-        raise InvalidArgument(f"args cannot be stored as JSON: {exc}") from None
-    if "\\u0000" in text:
-        raise InvalidArgument("args must not contain NUL characters (PostgreSQL's jsonb refuses)")
-    size = len(text.encode("utf-8", "surrogatepass"))
+    # Depth, NUL, lone surrogates, NaN, what JSON cannot hold: the rules of every payload.
+    text = to_json(dict(args), what="args")
+    size = len(text.encode("utf-8"))
     if size > MAX_ARGS_BYTES:
         raise InvalidArgument(
             f"args are {size} bytes of JSON, over the limit of {MAX_ARGS_BYTES}; keep large "
             "data in your own table and pass its key"
         )
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidArgument("args contain a lone surrogate, which is not valid UTF-8") from None
     return json.loads(text), text
 
 

@@ -25,7 +25,11 @@ ACTIONS = (
     "schedule-pause",
     "schedule-resume",
     "schedule-remove",
+    "bulk-pause",
+    "bulk-resume",
 )
+#: Most jobs one bulk action changes (a page of the jobs list).
+BULK_LIMIT = 50
 #: The trigger kinds of the schedule form.
 TRIGGERS = ("every", "cron", "at")
 
@@ -52,6 +56,19 @@ class Actions:
             if self._client is not None:
                 self._client.close()
                 self._client = None
+
+    def run_bulk(self, action: str, targets: list[str]) -> str:
+        """``bulk-pause`` / ``bulk-resume``: the single action on each of ``targets`` (the
+        jobs ticked on a page of the list), what happened to each, in words."""
+        if not targets:
+            return "no job selected: tick the jobs to change first"
+        if len(targets) > BULK_LIMIT:
+            return f"{len(targets)} jobs selected: at most {BULK_LIMIT} at a time"
+        single = action.removeprefix("bulk-")
+        done = [self.run(single, target) for target in dict.fromkeys(targets)]
+        text = f"{len(done)} job(s): " + "; ".join(done)
+        # The notice travels in the address of the page the browser is sent back to.
+        return text if len(text) <= 800 else text[:800] + "…"
 
     def run(self, action: str, target: str, form: Mapping[str, str] | None = None) -> str:
         """Do ``action`` on ``target`` (a job key, or an outbox message id; ``form``: the

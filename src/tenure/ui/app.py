@@ -162,6 +162,7 @@ class Dashboard:
                 Route("/schedule", self._guard(self.schedule), name="schedule"),
                 Route("/leases", self._guard(self.leases), name="leases"),
                 Route("/outbox", self._guard(self.outbox), name="outbox"),
+                Route("/workers", self._guard(self.workers), name="workers"),
                 Route("/events", self._guard(self.events), name="events"),
                 Route("/action/{action}", self._guard(self.action), methods=["POST"]),
                 Mount("/static", app=static, name="static"),
@@ -367,6 +368,12 @@ class Dashboard:
         view = await self.reader.leases(search=search, page=page)
         return self._page(request, "leases.html", {"page": "leases", "v": view})
 
+    async def workers(self, request: Request) -> Response:
+        workers, now = await self.reader.workers()
+        return self._page(
+            request, "workers.html", {"page": "workers", "workers": workers, "now": now}
+        )
+
     async def outbox(self, request: Request) -> Response:
         topics, dead, now = await self.reader.outbox()
         return self._page(
@@ -416,8 +423,10 @@ class Dashboard:
             return PlainTextResponse(f"unknown action {action!r}\n", status_code=404)
         if not security.same_origin(request.headers, request.url.scheme):
             return PlainTextResponse("cross-origin POST refused\n", status_code=403)
-        body = (await request.body())[:10_000].decode("utf-8", "replace")
-        form = {k: v[0] for k, v in parse_qs(body).items()}
+        # Room for a bulk action's page of keys (200 characters each, percent-encoded).
+        body = (await request.body())[:100_000].decode("utf-8", "replace")
+        fields = parse_qs(body)
+        form = {k: v[0] for k, v in fields.items()}
         if not self.csrf.check(request.cookies.get(security.COOKIE), form.get(security.FIELD)):
             return PlainTextResponse(
                 "missing or wrong CSRF token: reload the page and try again\n", status_code=403
@@ -429,7 +438,11 @@ class Dashboard:
             back = "/"
         base = request.scope.get("root_path", "").rstrip("/")
         try:
-            message = await run_in_threadpool(self._actions.run, action, target, form)
+            if action.startswith("bulk-"):
+                targets = fields.get("target", [])
+                message = await run_in_threadpool(self._actions.run_bulk, action, targets)
+            else:
+                message = await run_in_threadpool(self._actions.run, action, target, form)
         except (TenureError, ValueError) as exc:
             message = f"{action} failed: {exc}"
         log.warning("dashboard action %s %r: %s", action, target, message)

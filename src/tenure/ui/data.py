@@ -214,6 +214,27 @@ class OtherKey:
         return max(0.0, (self.lease_until - self.now).total_seconds())
 
 
+@row_of("ui_workers")  # built by position: Worker(*row)
+@dataclass(frozen=True, slots=True)
+class Worker:
+    """A worker seen in the window's runs, running something now, or present (migration
+    13's scheduler_workers row)."""
+
+    worker: str
+    app: str | None  # None: no presence row (an older worker, or its row is gone)
+    host: str | None
+    pid: int | None
+    seen_until: dt.datetime | None
+    alive: bool
+    defines: int | None
+    runs: int
+    failed: int
+    fenced: int
+    last_at: dt.datetime | None
+    running: list[str]
+    now: dt.datetime
+
+
 @dataclass(frozen=True, slots=True)
 class JobPage:
     rows: tuple[JobRow, ...]
@@ -650,6 +671,15 @@ class Reader:
         out = tuple(LeaseRow(*row[:10]) for row in rows)
         pages = max(1, math.ceil(total / (PAGE_SIZE * 4)))
         return LeasePage(out, total, page, pages, search, now)
+
+    async def workers(self, seconds: int = 900) -> tuple[tuple[Worker, ...], dt.datetime]:
+        """Every worker of the last ``seconds`` (runs recorded), running now, or present."""
+        async with self._session() as conn:
+            [(now,)] = await self._all(conn, "ui_clock")
+            rows = await self._all(
+                conn, "ui_workers", {"since": now - dt.timedelta(seconds=seconds)}
+            )
+        return tuple(Worker(*row) for row in rows), now
 
     async def outbox(
         self, *, dead_limit: int = 100

@@ -54,6 +54,7 @@ from ...validation import (
     parse_duration,
 )
 from ..models import Grant, LeaseInfo
+from ..rows import AcquireRow, LeaseRow
 from .fencing import fence_async
 from .lease import AsyncLease, AsyncLeaseContext
 from .results import AsyncResults
@@ -401,6 +402,7 @@ class AsyncClient:
                 },
                 doing=f"acquiring lease {job_key!r}",
                 wrote=True,
+                row=AcquireRow,
             )
         except Timeout:
             # The previous holder's fenced transaction still holds the job-state row.
@@ -410,8 +412,9 @@ class AsyncClient:
             metrics.emit(metrics.ACQUIRE, job_key, "error")
             raise
         if rows:
-            acquired, token, expires_at, acquired_at, now = rows[0]
-            if acquired:
+            r = rows[0]
+            token, expires_at = r.fencing_token, r.lease_until
+            if r.acquired:
                 metrics.emit(metrics.ACQUIRE, job_key, "acquired")
                 if log.isEnabledFor(logging.INFO):
                     log.info(
@@ -425,14 +428,14 @@ class AsyncClient:
                     self,
                     job_key,
                     owner,
-                    Grant(token, expires_at, acquired_at),
+                    Grant(token, expires_at, r.acquired_at),
                     ttl=ttl_s,
                     safety_margin=margin,
                     sent_at=sent,
                 )
             metrics.emit(metrics.ACQUIRE, job_key, "busy")
-            # The busy answer's fifth column is the database's now, for retry_after.
-            return (token, expires_at, (expires_at - now).total_seconds(), "")
+            # The busy answer's now is the database's, for retry_after.
+            return (token, expires_at, (expires_at - r.now).total_seconds(), "")
         metrics.emit(metrics.ACQUIRE, job_key, "busy")
         return None
 
@@ -493,13 +496,13 @@ class AsyncClient:
         """The current lease on ``job_key`` (held or expired), or None if never acquired."""
         check_job_key(job_key)
         rows = await self.fetch(
-            "inspect", {"job_key": job_key}, doing=f"inspecting lease {job_key!r}"
+            "inspect", {"job_key": job_key}, doing=f"inspecting lease {job_key!r}", row=LeaseRow
         )
         return _info(rows[0]) if rows else None
 
     async def leases(self) -> list[LeaseInfo]:
         """Every job's lease, held or expired, ordered by job key."""
-        rows = await self.fetch("leases", {}, doing="listing leases")
+        rows = await self.fetch("leases", {}, doing="listing leases", row=LeaseRow)
         return [_info(row) for row in rows]
 
     async def release(self, job_key: str) -> int | None:
@@ -564,9 +567,17 @@ def default_margin(ttl: float) -> float:
     return ttl / 10
 
 
-def _info(row: tuple[Any, ...]) -> LeaseInfo:
-    job_key, owner, token, until, ttl, acquired, renewed, now = row
-    return LeaseInfo(job_key, owner, token, until, ttl, acquired, renewed, now)
+def _info(r: LeaseRow) -> LeaseInfo:
+    return LeaseInfo(
+        r.job_key,
+        r.lease_owner,
+        r.fencing_token,
+        r.lease_until,
+        r.lease_ttl,
+        r.acquired_at,
+        r.renewed_at,
+        r.now,
+    )
 
 
 async def _configure(conn: AsyncConnection[Any]) -> None:

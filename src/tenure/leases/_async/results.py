@@ -15,6 +15,7 @@ from ... import metrics
 from ...errors import StaleTokenError, TokenNotIssued, translate
 from ...validation import check_connection, check_job_key, check_token, to_json
 from ..models import Result
+from ..rows import ResultRow
 
 if TYPE_CHECKING:
     from .client import AsyncClient
@@ -124,12 +125,15 @@ class AsyncResults:
         """The stored result for ``job_key``, or None."""
         check_job_key(job_key)
         rows = await self._client.fetch(
-            "result_get", {"job_key": job_key}, doing=f"reading the result of {job_key!r}"
+            "result_get",
+            {"job_key": job_key},
+            doing=f"reading the result of {job_key!r}",
+            row=ResultRow,
         )
         if not rows:
             return None
-        key, payload, token, written_at = rows[0]
-        return Result(key, payload, token, written_at)
+        r = rows[0]
+        return Result(r.job_key, r.payload, r.applied_fencing_token, r.written_at)
 
 
 _CLOCK_SLACK = dt.timedelta(milliseconds=1)

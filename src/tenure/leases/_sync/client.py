@@ -57,6 +57,7 @@ from ...validation import (
     parse_duration,
 )
 from ..models import Grant, LeaseInfo
+from ..rows import AcquireRow, LeaseRow
 from .fencing import fence
 from .lease import Lease, LeaseContext
 from .results import Results
@@ -395,6 +396,7 @@ class Client:
                 },
                 doing=f"acquiring lease {job_key!r}",
                 wrote=True,
+                row=AcquireRow,
             )
         except Timeout:
             # The previous holder's fenced transaction still holds the job-state row.
@@ -404,8 +406,9 @@ class Client:
             metrics.emit(metrics.ACQUIRE, job_key, "error")
             raise
         if rows:
-            acquired, token, expires_at, acquired_at, now = rows[0]
-            if acquired:
+            r = rows[0]
+            token, expires_at = (r.fencing_token, r.lease_until)
+            if r.acquired:
                 metrics.emit(metrics.ACQUIRE, job_key, "acquired")
                 if log.isEnabledFor(logging.INFO):
                     log.info(
@@ -419,14 +422,14 @@ class Client:
                     self,
                     job_key,
                     owner,
-                    Grant(token, expires_at, acquired_at),
+                    Grant(token, expires_at, r.acquired_at),
                     ttl=ttl_s,
                     safety_margin=margin,
                     sent_at=sent,
                 )
             metrics.emit(metrics.ACQUIRE, job_key, "busy")
-            # The busy answer's fifth column is the database's now, for retry_after.
-            return (token, expires_at, (expires_at - now).total_seconds(), "")
+            # The busy answer's now is the database's, for retry_after.
+            return (token, expires_at, (expires_at - r.now).total_seconds(), "")
         metrics.emit(metrics.ACQUIRE, job_key, "busy")
         return None
 
@@ -486,12 +489,14 @@ class Client:
     def inspect(self, job_key: str) -> LeaseInfo | None:
         """The current lease on ``job_key`` (held or expired), or None if never acquired."""
         check_job_key(job_key)
-        rows = self.fetch("inspect", {"job_key": job_key}, doing=f"inspecting lease {job_key!r}")
+        rows = self.fetch(
+            "inspect", {"job_key": job_key}, doing=f"inspecting lease {job_key!r}", row=LeaseRow
+        )
         return _info(rows[0]) if rows else None
 
     def leases(self) -> list[LeaseInfo]:
         """Every job's lease, held or expired, ordered by job key."""
-        rows = self.fetch("leases", {}, doing="listing leases")
+        rows = self.fetch("leases", {}, doing="listing leases", row=LeaseRow)
         return [_info(row) for row in rows]
 
     def release(self, job_key: str) -> int | None:
@@ -554,9 +559,17 @@ def default_margin(ttl: float) -> float:
     return ttl / 10
 
 
-def _info(row: tuple[Any, ...]) -> LeaseInfo:
-    job_key, owner, token, until, ttl, acquired, renewed, now = row
-    return LeaseInfo(job_key, owner, token, until, ttl, acquired, renewed, now)
+def _info(r: LeaseRow) -> LeaseInfo:
+    return LeaseInfo(
+        r.job_key,
+        r.lease_owner,
+        r.fencing_token,
+        r.lease_until,
+        r.lease_ttl,
+        r.acquired_at,
+        r.renewed_at,
+        r.now,
+    )
 
 
 def _configure(conn: Connection[Any]) -> None:

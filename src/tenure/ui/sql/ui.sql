@@ -352,3 +352,44 @@ WHERE NOT EXISTS (SELECT FROM {schema}.scheduled_jobs AS j WHERE j.job_key = l.j
   AND (%(search)s::text IS NULL OR strpos(lower(l.job_key), lower(%(search)s::text)) > 0)
 ORDER BY l.job_key
 LIMIT %(limit)s;
+
+-- name: ui_workers
+-- Per worker: its presence row (scheduler_workers, migration 13: app, how many job keys its
+-- code defines, alive while seen_until is ahead), the runs it recorded since %(since)s
+-- (by recorded_at, as the overview's counts) and the runs it has in
+-- progress now (scheduled_jobs.running_token: at most one per job).
+WITH clock AS MATERIALIZED (
+    SELECT clock_timestamp() AS now
+), recent AS (
+    SELECT worker_id, max(host) AS host, max(pid) AS pid, count(*) AS runs,
+           count(*) FILTER (WHERE outcome = 'failed') AS failed,
+           count(*) FILTER (WHERE outcome IN ('lease_lost', 'stale_rejected')) AS fenced,
+           max(recorded_at) AS last_at
+    FROM {schema}.job_runs
+    WHERE recorded_at >= %(since)s
+    GROUP BY worker_id
+), running AS (
+    SELECT r.worker_id, array_agg(r.job_key ORDER BY r.job_key) AS keys
+    FROM {schema}.scheduled_jobs AS j
+    JOIN {schema}.job_runs AS r ON r.job_key = j.job_key AND r.token = j.running_token
+    WHERE j.running_slot IS NOT NULL AND r.outcome = 'running'
+    GROUP BY r.worker_id
+), ids AS (
+    SELECT worker_id FROM {schema}.scheduler_workers
+    UNION SELECT worker_id FROM recent
+    UNION SELECT worker_id FROM running
+)
+SELECT i.worker_id AS worker, w.app, coalesce(w.host, rc.host) AS host,
+       coalesce(w.pid, rc.pid) AS pid, w.seen_until,
+       coalesce(w.seen_until >= c.now, false) AS alive,
+       cardinality(w.job_keys) AS defines, coalesce(rc.runs, 0) AS runs,
+       coalesce(rc.failed, 0) AS failed, coalesce(rc.fenced, 0) AS fenced, rc.last_at,
+       coalesce(rn.keys, '{}') AS running, c.now
+FROM ids AS i
+CROSS JOIN clock AS c
+LEFT JOIN {schema}.scheduler_workers AS w ON w.worker_id = i.worker_id
+LEFT JOIN recent AS rc ON rc.worker_id = i.worker_id
+LEFT JOIN running AS rn ON rn.worker_id = i.worker_id
+ORDER BY coalesce(w.seen_until >= c.now, false) DESC, cardinality(rn.keys) DESC NULLS LAST,
+         i.worker_id
+LIMIT 200;
