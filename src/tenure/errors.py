@@ -108,6 +108,12 @@ class JobOwnedByAnotherApp(ConfigurationError):
         self.jobs = jobs
 
 
+class JobStillDefined(TenureError):
+    """``tenure jobs remove KEY`` refused: a live worker of the job's app still defines it, or
+    its lease is live (a run is going). Deploy workers without the job, stop the old ones,
+    then remove it."""
+
+
 class DatabaseError(TenureError):
     """The database refused or failed an operation. ``sqlstate`` is PostgreSQL's code."""
 

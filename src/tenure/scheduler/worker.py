@@ -67,6 +67,7 @@ from .execution import Run, execute
 from .finisher import Finisher
 from .identity import WorkerIdentity
 from .isolation import GRACE as CHILD_GRACE
+from .presence import Presence
 from .registration import register, register_tasks
 from .saturation import Saturation
 from .schedules import Plan, Schedule
@@ -133,6 +134,8 @@ class Worker:
             wake=self._wake,
             saturation=self.saturation,
         )
+        # Its row of the job keys it defines (scheduler/presence.py); beats add to the exclude.
+        self.presence = Presence(self.who, settings.app, specs, self.claimer._exclude)
         #: Set once the worker has registered its jobs and claims (for embedding and tests).
         self.ready = threading.Event()
         self._stopping = False
@@ -220,6 +223,7 @@ class Worker:
                     "start the worker with --migrate (in your own process: "
                     "Scheduler(migrate=True))"
                 )
+            await self.presence.enter(self.client)  # before registering: see Presence.enter
             await register(
                 self.client, specs, defined_by=self.label, app=settings.app, adopt=settings.adopt
             )
@@ -239,6 +243,8 @@ class Worker:
             tasks.append(asyncio.create_task(pruner, name="tenure-prune"))
             running_rows = self.finisher.rows_in_progress()
             tasks.append(asyncio.create_task(running_rows, name="tenure-running"))
+            beats = self.presence.beat_forever(self.client)
+            tasks.append(asyncio.create_task(beats, name="tenure-presence"))
             if settings.vacuum_every > 0:
                 vacuum = vacuum_forever(self.client, settings.vacuum_every, who=self.label)
                 tasks.append(asyncio.create_task(vacuum, name="tenure-vacuum"))
@@ -279,6 +285,7 @@ class Worker:
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            await self.presence.leave(self.client)
             await self.client.close()
         if cancelled:
             raise asyncio.CancelledError
