@@ -176,19 +176,19 @@ class Worker:
         name = _signal_name(signum)
         if self._signals == 1:
             log.info(
-                "%s received: %s claims nothing more and gives %d running jobs up to %.1fs "
+                "%s received: %s claims nothing more and gives %s up to %.1fs "
                 "to finish (send it again to cancel them now)",
                 name,
                 self.label,
-                len(self._running),
+                _jobs(len(self._running)),
                 self.shutdown_grace,
             )
             self.request_stop(False)
         else:
             log.warning(
-                "%s received again: cancelling %d running jobs and handing their slots over",
+                "%s received again: cancelling %s and handing their slots over",
                 name,
-                len(self._running),
+                _jobs(len(self._running)),
             )
             self.request_stop(True)
 
@@ -367,9 +367,7 @@ class Worker:
         if self.starter.tasks:  # their runs join the ones below (or their claims are released)
             await asyncio.wait(set(self.starter.tasks), timeout=self.shutdown_grace)
         if self._running and not self._cancel_now:
-            log.info(
-                "waiting up to %.1fs for %d running jobs", self.shutdown_grace, len(self._running)
-            )
+            log.info("waiting up to %.1fs for %s", self.shutdown_grace, _jobs(len(self._running)))
         while self._running and not self._cancel_now:
             left = deadline - loop.time()
             if left <= 0:
@@ -429,6 +427,11 @@ class Worker:
                 run.body.cancel()  # a thread cannot be stopped: stop waiting for it
             if not run.ended:
                 self.finisher.finish(run, "abandoned", error, monotonic() - run.launched)
+
+
+def _jobs(n: int) -> str:
+    """``1 running job``, ``3 running jobs``: the shutdown lines count them."""
+    return f"{n} running job" if n == 1 else f"{n} running jobs"
 
 
 def _signal_name(signum: int) -> str:
