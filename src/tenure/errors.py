@@ -108,6 +108,12 @@ class JobOwnedByAnotherApp(ConfigurationError):
         self.jobs = jobs
 
 
+class JobStillDefined(TenureError):
+    """``tenure jobs remove KEY`` refused: a live worker of the job's app still defines it, or
+    its lease is live (a run is going). Deploy workers without the job, stop the old ones,
+    then remove it."""
+
+
 class DatabaseError(TenureError):
     """The database refused or failed an operation. ``sqlstate`` is PostgreSQL's code."""
 
@@ -194,7 +200,13 @@ class StaleTokenError(TenureError):
     """
 
     def __init__(
-        self, job_key: str, token: int, current_token: int | None, *, site: str = "result"
+        self,
+        job_key: str,
+        token: int,
+        current_token: int | None,
+        *,
+        site: str = "result",
+        lease_ended: str | None = None,
     ) -> None:
         self.job_key = job_key
         self.token = token
@@ -204,6 +216,11 @@ class StaleTokenError(TenureError):
             why = "no lease has been issued for this key (run acquire first)"
         elif current_token > token:
             why = f"token {current_token} has been accepted or has taken over"
+        elif lease_ended is not None:  # a strict write: "released" or "expired"
+            why = (
+                f"the lease of token {token} was {lease_ended} and no newer token has taken "
+                "over (a strict write needs a live lease)"
+            )
         else:
             why = "the lease expired or was taken over while this write waited"
         super().__init__(

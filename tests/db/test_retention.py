@@ -18,7 +18,7 @@ from psycopg import sql
 import tenure
 from tenure.db import pruning
 from tenure.db import retention as rt
-from tenure.exec.slots import record_slot, slot_state
+from tenure.exec.slots import EARLY_TOLERANCE, record_slot, slot_state
 from tenure.scheduler import background
 from tests.support.env import run_tenure, tenure_env
 
@@ -171,9 +171,9 @@ def test_never_a_slot_that_can_still_be_asked_for(
 def test_completed_slots_record_the_end_of_their_window(
     client: tenure.Client, dsn: str, schema: str
 ) -> None:
-    """What tenure exec and @tenure.once write: a slot from --every P is named only while the
-    database clock is nearest to it, so its window ends at its time plus P/2; a slot named by
-    the caller has no end."""
+    """What tenure exec and @tenure.once write: a slot from --every P is named from the early
+    tolerance (2 s) before its time until that long before the next slot, so its window ends
+    at its time plus P less 2 s; a slot named by the caller has no end."""
     periodic = slot_state(client, "job", None, 600)
     named = slot_state(client, "job", "2026-12-01", None)
     with client.lease("job", ttl=30) as lease:
@@ -187,7 +187,7 @@ def test_completed_slots_record_the_end_of_their_window(
             "WHERE slot LIKE '%%Z'",
         )
     )
-    assert rows == {periodic.slot: dt.timedelta(seconds=300)}
+    assert rows == {periodic.slot: dt.timedelta(seconds=600 - EARLY_TOLERANCE)}
     [(open_until,)] = run(
         dsn, schema, "SELECT open_until FROM {schema}.exec_slots WHERE slot = '2026-12-01'"
     )

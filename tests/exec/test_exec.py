@@ -411,6 +411,38 @@ def test_paused_holder_write_inside_exec_is_strict_however_the_token_is_passed(
     assert code == 75, err
 
 
+def test_write_refused_after_the_lease_was_released_says_so(
+    env: dict[str, str],
+    client: tenure.Client,
+    tmp_path: Path,
+    reap: list[subprocess.Popen[str]],
+) -> None:
+    """Issue 31: an operator releases the lease while the command runs, and no successor
+    takes over: the command's strict write is refused, and the warning and the error say the
+    lease was released (before: "rejected: token 1, current token 1")."""
+    d = tmp_path
+    script = (
+        f"touch {d}/started; while [ ! -e {d}/go ]; do sleep 0.05; done; "
+        f"""echo '{{"by": "old"}}' | {PY} -m tenure result put > {d}/put 2>&1; """
+        f"echo $? > {d}/put_rc"
+    )
+    proc = _exec(["--key", "job", "--ttl", "300s", "--", "sh", "-c", script], env)
+    reap.append(proc)
+    _wait_for((d / "started").exists, "the command", proc=proc)
+    assert client.release("job") == 1
+    (d / "go").touch()
+    _wait_for((d / "put_rc").exists, "the command's write", proc=proc)
+    said = (d / "put").read_text()
+    assert (d / "put_rc").read_text().strip() == "1", said
+    assert "current token 1" not in said, said
+    lines = said.strip().splitlines()
+    assert len(lines) == 2, said  # the warning, then the error
+    assert all("lease of token 1 was released" in line for line in lines), said
+    assert client.results.get("job") is None
+    code, _, err = _finish(proc)
+    assert code == 0, err
+
+
 # -- lease lost while the command runs ----------------------------------------------------------
 
 

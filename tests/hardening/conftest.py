@@ -83,9 +83,11 @@ def seeded(client: tenure.Client, dsn: str, schema: str) -> Seeded:
 
 @pytest.fixture
 def cli_runner(dsn: str, schema: str) -> Iterator[CliRunner]:
-    """A CliRunner on the test's database and schema; restores the ``tenure`` logger the
-    commands reconfigure (its handler would write to the runner's closed stream)."""
-    logger = logging.getLogger("tenure")
-    saved = (logger.handlers[:], logger.level, logger.propagate)
+    """A CliRunner on the test's database and schema; restores the ``tenure`` and
+    ``psycopg`` loggers the commands reconfigure (their handlers would write to the runner's
+    closed stream)."""
+    loggers = [logging.getLogger(name) for name in ("tenure", "psycopg")]
+    saved = [(logger.handlers[:], logger.level, logger.propagate) for logger in loggers]
     yield CliRunner(env={"TENURE_DSN": dsn, "TENURE_SCHEMA": schema, "DATABASE_URL": None})
-    logger.handlers[:], logger.level, logger.propagate = saved
+    for logger, (handlers, level, propagate) in zip(loggers, saved, strict=True):
+        logger.handlers[:], logger.level, logger.propagate = handlers, level, propagate

@@ -442,3 +442,37 @@ def test_async_entry_points_refuse_a_sync_connection_or_other_object(
                 asyncio.run(coroutine)
     with pytest.raises(tenure.InvalidArgumentType, match="dsn"):
         asyncio.run(tenure.connect_async(12345))  # type: ignore[arg-type]
+
+
+# -- runtime schedules (issue 27) -------------------------------------------------------------
+
+
+@settings(max_examples=examples(40))
+@given(
+    key=st.one_of(hostile_text, wrong_types),
+    task=st.one_of(hostile_text, wrong_types),
+    cron=hostile_crons,
+    timezone=st.one_of(st.none(), hostile_zones),
+    payload=hostile_payloads,
+)
+@example(key="k", task="t", cron="0 2 * * *", timezone=None, payload={"a": [1]})
+def test_runtime_schedules_refused_in_one_line_or_stored_in_the_callers_transaction(
+    seeded: Seeded, key: Any, task: Any, cron: Any, timezone: Any, payload: Any
+) -> None:
+    """Whatever the key, task, cron, zone and arguments: refused with InvalidArgument (one
+    line), or stored in the caller's transaction and read back; rolled back, nothing that
+    was stored before changes."""
+    tried("api: runtime schedules")
+    assume(not (isinstance(key, str) and key in SEEDED_KEYS))
+    with psycopg.connect(seeded.dsn) as conn, conn.transaction(force_rollback=True):
+        try:
+            tenure.add_schedule(
+                conn, key, task=task, cron=cron, timezone=timezone, args={"p": payload},
+                schema=seeded.schema,
+            )  # fmt: skip
+        except tenure.InvalidArgument as exc:
+            assert "\n" not in str(exc)
+        else:
+            stored = tenure.get_schedule(conn, key, schema=seeded.schema)
+            assert stored is not None and stored.args == json.loads(json.dumps({"p": payload}))
+    seeded.check()

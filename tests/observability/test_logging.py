@@ -86,3 +86,39 @@ def test_an_unconfigured_program_still_sees_tenures_warnings() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert "lease of billing/close lost" in out.stderr
+
+
+@pytest.mark.parametrize("fmt", ["json", "text"])
+def test_psycopg_pool_lines_go_through_tenures_handler_and_format(fmt: str) -> None:
+    """Issue 31: psycopg_pool's own warnings (a reconnection failing while the server
+    restarts) came out through Python's last-resort handler, unformatted, beside tenure's
+    lines, also under --log-format json. A real pool, connecting to a closed port."""
+    import subprocess
+    import sys
+
+    code = (
+        "import time\n"
+        "from psycopg_pool import ConnectionPool\n"
+        "from tenure.cli import logs\n"
+        f"logs.setup('warning', {fmt!r})\n"
+        "pool = ConnectionPool('postgresql://postgres:s3cret@127.0.0.1:1/x', min_size=1,\n"
+        "                      open=False, name='tenure-test')\n"
+        "pool.open(wait=False)\n"
+        "deadline = time.monotonic() + 30\n"
+        "while not pool.get_stats().get('connections_errors'):\n"
+        "    assert time.monotonic() < deadline\n"
+        "    time.sleep(0.05)\n"
+        "pool.close(timeout=0)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert any("tenure-test" in line for line in lines), out.stderr
+    for line in lines:
+        if fmt == "json":
+            record = json.loads(line)  # every line is one of tenure's JSON records
+            assert record["logger"].startswith("psycopg"), record
+        else:
+            assert re.match(r"\d{4}-\d\d-\d\d[ T].* WARNING psycopg\.pool: ", line), line
+    assert "s3cret" not in out.stderr

@@ -188,7 +188,7 @@ def test_sigterm_lets_a_running_job_finish_and_a_second_sigterm_cancels(
         log = w.log()
     [run] = history(dsn, schema, "long-async")
     assert run[4] == "cancelled"
-    assert "received again: cancelling 1 running jobs" in log
+    assert "received again: cancelling 1 running job and" in log
     [(running_slot,)] = query(
         dsn,
         schema,

@@ -17,6 +17,7 @@ NEEDS: dict[str, list[str]] = {
     "jobs pause": ["k"],
     "jobs resume": ["k"],
     "jobs trigger": ["k"],
+    "jobs remove": ["k"],
     "jobs history": ["k"],
     "schedules add": ["k", "--task", "t", "--every", "1h"],
     "schedules update": ["k", "--args", "{}"],

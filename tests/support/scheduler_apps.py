@@ -346,3 +346,31 @@ def slow_task(ctx: tenure.JobContext) -> None:
         raise
     print(f"result write accepted: token {ctx.token}", file=sys.stderr, flush=True)
     record(ctx, "finished")
+
+
+# -- deploy_v1 / deploy_v2: one app ("deploy") before and after a job was removed from it -----
+# RETIRE_PRESENCE_TTL/EVERY shorten the presence row's lifetime (scheduler/presence.py) so a
+# killed worker's job keys stop counting within seconds instead of 30 s.
+
+if os.environ.get("RETIRE_PRESENCE_TTL"):
+    from tenure.scheduler import presence as _presence
+
+    _presence.PRESENCE_TTL = float(os.environ["RETIRE_PRESENCE_TTL"])
+    _presence.PRESENCE_EVERY = float(os.environ.get("RETIRE_PRESENCE_EVERY", "0.5"))
+
+deploy_v1 = tenure.Scheduler(name="deploy")
+deploy_v2 = tenure.Scheduler(name="deploy")
+
+
+@deploy_v1.job("keep", cron=NEVER, ttl="5s")
+@deploy_v2.job("keep", cron=NEVER, ttl="5s")
+def keep(ctx: tenure.JobContext) -> None:
+    record(ctx)
+
+
+@deploy_v1.job("gone", cron=NEVER, ttl="2s")
+def gone(ctx: tenure.JobContext) -> None:
+    """Runs until its worker is killed (the test SIGKILLs it mid-run)."""
+    record(ctx, "started")
+    while not ctx.cancelled:
+        time.sleep(0.05)

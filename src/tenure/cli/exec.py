@@ -13,6 +13,7 @@ from ..exec.output import PROG
 from ..exec.runner import EXIT_LEASE_LOST, EXIT_USAGE, ExecRequest, main, run_with_textfile
 from ..exec.slots import check_period, check_slot
 from .common import CONTEXT, db_options, error_line, setup_logs
+from .logs import DRIVER_LOGGER
 from .params import DURATION, POSITIVE_DURATION, check_ttl_option
 
 EPILOG = f"""\b
@@ -257,14 +258,10 @@ def exec_command(
             "--slot and --every exclude each other (--every computes the slot): give one"
         )
     setup_logs(log_level, log_format)
-    # psycopg_pool reports each failed reconnection at WARNING, through Python's last-resort
-    # handler (multi-line, unformatted) since nothing configures it. tenure's own renewal
-    # warnings already say the database is unreachable; keep psycopg's for --log-level debug.
-    tenure_logger = logging.getLogger("tenure")
-    pg_logger = logging.getLogger("psycopg")
-    pg_logger.handlers[:] = tenure_logger.handlers
-    pg_logger.setLevel(logging.DEBUG if log_level == "debug" else logging.ERROR)
-    pg_logger.propagate = False
+    # tenure's own renewal warnings already say the database is unreachable: psycopg_pool's
+    # failed reconnections (routed like tenure's lines) only from ERROR, or with debug.
+    if log_level != "debug":
+        logging.getLogger(DRIVER_LOGGER).setLevel(logging.ERROR)
     request = ExecRequest(
         key=key,
         command=command,

@@ -13,6 +13,9 @@ from ..db.dsn import redact
 from .tables import printable
 
 #: What every LogRecord has: anything else on a record came from ``extra=`` and is a field.
+#: The logger of psycopg and psycopg_pool ("psycopg.pool"), routed like tenure's own.
+DRIVER_LOGGER = "psycopg"
+
 _RECORD_ATTRIBUTES = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
     "message",
     "asctime",
@@ -54,13 +57,35 @@ def _rfc3339(created: float) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
-def setup(level: str = "warning", fmt: str = "text") -> None:
+def _one_line_message(record: logging.LogRecord) -> bool:
+    """libpq's messages span lines ("...failed: Connection refused\n\tIs the server
+    running..."): one record, one line."""
+    record.msg, record.args = " ".join(record.getMessage().split()), None
+    return True
+
+
+def _handler(fmt: str) -> logging.Handler:
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    return handler
+
+
+def setup(level: str = "warning", fmt: str = "text") -> None:
+    handler = _handler(fmt)
     root = logging.getLogger("tenure")
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     root.propagate = False
+    # psycopg and psycopg_pool log too (the pool's failed reconnections while the server
+    # restarts): through the same handler and format, not Python's last-resort handler.
+    # Their debug and info lines (every connection attempt, the pool growing) only with
+    # --log-level debug.
+    driver = logging.getLogger(DRIVER_LOGGER)
+    driver_handler = _handler(fmt)
+    driver_handler.addFilter(_one_line_message)
+    driver.handlers[:] = [driver_handler]
+    driver.setLevel(logging.DEBUG if level == "debug" else logging.WARNING)
+    driver.propagate = False

@@ -42,6 +42,7 @@ def status(
     """
     setup_logs(log_level, log_format)
     from ..observability.status import overview
+    from ..scheduler.jobs import UNDEFINED
 
     with connect(dsn, schema) as client:
         jobs = overview(client, window=window)
@@ -89,6 +90,8 @@ def status(
             next_slot = "due now" if due >= 0 else ago(due)
         if job.paused:
             next_slot = "quarantined" if job.quarantined is not None else "paused"
+        if job.undefined:
+            next_slot = UNDEFINED
         rows.append(
             (
                 job.job_key,

@@ -334,7 +334,7 @@ def worker_command(
 
 @click.group("jobs", context_settings=CONTEXT)
 def jobs_group() -> None:
-    """Scheduled jobs: list them, pause, resume, trigger, read their run history.
+    """Scheduled jobs: list them, pause, resume, trigger, remove, read their run history.
 
     Works from any host; every worker sees the change at once (LISTEN/NOTIFY).
     """
@@ -436,6 +436,26 @@ def jobs_trigger(dsn: str | None, schema: str, log_level: str, log_format: str, 
     if done.paused:
         note += "; the job is paused: it runs when resumed"
     click.echo(f"{printable(key)}: triggered at {done.at.isoformat()}{note}")
+
+
+@jobs_group.command("remove", context_settings=CONTEXT)
+@db_options
+@click.argument("key")
+@handle_errors
+def jobs_remove(dsn: str | None, schema: str, log_level: str, log_format: str, key: str) -> None:
+    """Delete KEY's definition: a job removed from the code ("no worker defines it").
+
+    Refused while a live worker of the job's app defines it or its lease is live. Its lease
+    and token stay: if KEY is defined again, its tokens continue above the old ones. Its
+    history stays until retention.
+    """
+    from ..db.channels import channel
+    from ..scheduler.jobs import remove
+
+    with _client(dsn, schema, log_level, log_format) as client:
+        done = remove(client, key, channel=channel("jobs", schema))
+    floor = "" if done.token is None else f" (its tokens stay above {done.token})"
+    click.echo(f"{printable(key)}: removed{floor}")
 
 
 @jobs_group.command("history", context_settings=CONTEXT)

@@ -41,7 +41,7 @@ TABLES: tuple[TableNeed, ...] = (
         "scheduled_jobs",
         ("SELECT", "INSERT", "UPDATE", "DELETE"),
         "`tenure worker` (registration, claims), `tenure jobs`, `tenure schedules` (DELETE: "
-        "remove)",
+        "`jobs remove`, `schedules remove`)",
     ),
     TableNeed(
         "job_runs",

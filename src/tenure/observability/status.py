@@ -14,6 +14,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..scheduler.jobs import undefined_jobs
 from .rows import StatusRow
 
 if TYPE_CHECKING:
@@ -73,6 +74,8 @@ class JobOverview:
     result_at: dt.datetime | None
     now: dt.datetime
     quarantined: str | None = None  # why the scheduler quarantined (paused) the job
+    #: A scheduled job that no live worker of its app defines (scheduler/presence.py).
+    undefined: bool = False
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -85,6 +88,7 @@ class JobOverview:
             "scheduled": self.scheduled,
             "paused": self.paused,
             "quarantined": self.quarantined,
+            "defined": None if not self.scheduled else not self.undefined,
             "next_slot": _iso(self.next_slot),
             "last_run": None if self.last_run is None else self.last_run.as_json(),
             "window_seconds": self.window,
@@ -118,6 +122,7 @@ def overview(client: Client, *, window: float = 3600.0) -> list[JobOverview]:
         doing="reading the status of every job",
         row=StatusRow,
     )
+    undefined = undefined_jobs(client) if any(r.scheduled for r in rows) else set()
     found = []
     for r in rows:
         last = None
@@ -157,6 +162,7 @@ def overview(client: Client, *, window: float = 3600.0) -> list[JobOverview]:
                 result_at=r.written_at,
                 now=r.now,
                 quarantined=r.quarantine_reason,
+                undefined=r.job_key in undefined,
             )
         )
     return found

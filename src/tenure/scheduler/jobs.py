@@ -13,21 +13,27 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..db.executor import R
-from ..errors import TenureError, UnknownJob
+from ..errors import JobStillDefined, TenureError, UnknownJob
 from ..validation import check_int, check_job_key
+from .presence import PRESENCE_TTL
+from .registration import REGISTER_LOCK
 from .rows import (
     HistoryRow,
     JobGetRow,
     JobListRow,
     PausedRow,
+    RemovedRow,
     ResumedRow,
     TriggeredRow,
+    UndefinedRow,
 )
 from .schedules import schedule_from_row
 
 if TYPE_CHECKING:
     from ..leases._sync.client import Client
 
+#: The state of a job that no live worker of its app defines (scheduler/presence.py).
+UNDEFINED = "no worker defines it"
 #: Most history rows one call returns.
 MAX_LIMIT = 100_000
 
@@ -37,9 +43,14 @@ MAX_LIMIT = 100_000
 JOB_STATES = ("quarantined", "paused", "running", "failing", "idle")
 
 
-def job_state(*, quarantined: bool, paused: bool, running: bool, failed: bool) -> str:
-    """quarantined (paused after crashing, see docs/safety.md), paused, running (a run in
-    progress or unfinished), failing (its last run failed), else idle."""
+def job_state(
+    *, quarantined: bool, paused: bool, running: bool, failed: bool, undefined: bool = False
+) -> str:
+    """no worker defines it (:data:`UNDEFINED`: removed from the code, see
+    scheduler/presence.py), quarantined (paused after crashing, see docs/safety.md), paused,
+    running (a run in progress or unfinished), failing (its last run failed), else idle."""
+    if undefined:
+        return UNDEFINED
     if quarantined:
         return "quarantined"
     if paused:
@@ -80,17 +91,23 @@ class JobStatus:
     quarantined: str | None = None  # the reason, while quarantined
     app: str | None = None  # the app that owns the definition (None: not stamped yet)
     task: str | None = None  # a runtime schedule's task (None: a coded job)
+    #: A coded job that no live worker of its app defines (removed from the code; its app
+    #: has live workers): nothing runs it. ``tenure jobs remove`` deletes it.
+    undefined: bool = False
 
     @property
     def state(self) -> str:
         """:func:`job_state` (+trigger when one is pending)."""
         state = job_state(
+            undefined=self.undefined,
             quarantined=self.quarantined is not None,
             paused=self.paused,
             running=self.running_slot is not None,
             failed=self.last_outcome == "failed",
         )
-        return state + " +trigger" if self.trigger_pending else state
+        # A pending trigger of a job no worker defines runs nowhere: not shown as pending.
+        pending = self.trigger_pending and not self.undefined
+        return state + " +trigger" if pending else state
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -122,6 +139,8 @@ class JobStatus:
             "quarantined_at": _iso(self.quarantined_at),
             "app": self.app,
             "task": self.task,
+            "state": self.state,
+            "defined": not self.undefined,
         }
 
 
@@ -173,8 +192,17 @@ def _iso(value: dt.datetime | None) -> str | None:
     return None if value is None else value.isoformat()
 
 
+def undefined_jobs(client: Client) -> set[str]:
+    """The job keys no worker defines (``sched_undefined``, see scheduler/presence.py)."""
+    rows = client.fetch(
+        "sched_undefined", {}, doing="reading which jobs no worker defines", row=UndefinedRow
+    )
+    return {r.job_key for r in rows}
+
+
 def list_jobs(client: Client) -> list[JobStatus]:
     rows = client.fetch("sched_list", {}, doing="listing scheduled jobs", row=JobListRow)
+    undefined = undefined_jobs(client) if rows else set()
     return [
         JobStatus(
             r.job_key,
@@ -213,6 +241,7 @@ def list_jobs(client: Client) -> list[JobStatus]:
             r.quarantine_reason,
             r.app,
             r.task,
+            r.job_key in undefined,
         )
         for r in rows
     ]
@@ -333,3 +362,49 @@ def history(client: Client, job_key: str, *, limit: int = 20) -> list[RunRecord]
             job_key,
         )
     return [RunRecord(*row) for row in rows]  # the same fields, in the same order
+
+
+@dataclass(frozen=True, slots=True)
+class Removed:
+    app: str | None
+    token: int | None  # the key's token floor, kept: a job defined again continues above it
+
+
+def remove(client: Client, job_key: str, *, channel: str) -> Removed:
+    """Delete ``job_key``'s definition; its lease row and token stay (invariant 1: a lease
+    row is never deleted; a key defined again continues above its token).
+
+    Refused (:class:`~tenure.JobStillDefined`) while a live worker of its app defines it, or
+    while its lease is live.
+    """
+    check_job_key(job_key)
+    r = _require(
+        client.fetch_sized(
+            "sched_remove_job",
+            {"job_key": job_key, "channel": channel},
+            doing=f"removing {job_key!r}",
+            seconds=5.0,
+            serialize=REGISTER_LOCK,
+            wrote=True,
+            row=RemovedRow,
+        ),
+        job_key,
+    )
+    if r.removed:
+        return Removed(r.app, r.token)
+    if r.task is not None:
+        raise JobStillDefined(
+            f"job {job_key!r} is a runtime schedule (task {r.task!r}), not a job of the code: "
+            "remove it with `tenure schedules remove`"
+        )
+    if r.definers:
+        raise JobStillDefined(
+            f"job {job_key!r} is still defined by live workers of app {r.app!r}: {r.definers}; "
+            "deploy workers without it and stop these first (a killed worker counts for "
+            f"{PRESENCE_TTL:g}s after its last beat), then remove it"
+        )
+    until = "-" if r.held_until is None else r.held_until.isoformat()
+    raise JobStillDefined(
+        f"job {job_key!r} has a live lease (token {r.token}, until {until}): "
+        "a run is going; try again once it has ended"
+    )

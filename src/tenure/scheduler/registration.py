@@ -25,6 +25,10 @@ log = logging.getLogger("tenure.scheduler")
 NEW_JOBS_LOGGED = 20
 
 
+#: Registrations run one at a time per schema under this lock (and so does `tenure jobs
+#: remove`, which must see the presence row of every worker that registered before it).
+REGISTER_LOCK = "register"
+
 #: A refusal names up to this many conflicting job keys.
 CONFLICTS_NAMED = 3
 
@@ -76,7 +80,7 @@ async def register(
         params,
         doing="registering job definitions",
         seconds=max(MIN_SECONDS, len(ordered) * SECONDS_PER_JOB),
-        serialize="register",
+        serialize=REGISTER_LOCK,
         wrote=True,
         row=RegisteredRow,
     )

@@ -198,3 +198,34 @@ class HistoryRow(NamedTuple):
     error: str | None
     slots: int
     last_slot: dt.datetime | None
+
+
+@row_of("sched_presence_beat")
+class PresenceRow(NamedTuple):
+    """One answer of a worker's beat (scheduler/presence.py): ``kind`` 'me' (its row was
+    there; ``job_key`` NULL), 'excluded' (a key of its app its code lacks) or 'lost' (a dead
+    run recorded as lease_lost)."""
+
+    kind: str
+    job_key: str | None
+
+
+@row_of("sched_undefined")
+class UndefinedRow(NamedTuple):
+    """A job that no live worker of its app defines."""
+
+    job_key: str
+
+
+@row_of("sched_remove_job")
+class RemovedRow(NamedTuple):
+    """``tenure jobs remove``'s answer: whether the definition was deleted, else who still
+    defines it (``definers``) or until when its lease is live; the key's token floor."""
+
+    app: str | None
+    removed: bool
+    definers: str | None
+    held_until: dt.datetime | None
+    token: int | None
+    task: str | None
+    notified: object

@@ -67,6 +67,7 @@ from .execution import Run, execute
 from .finisher import Finisher
 from .identity import WorkerIdentity
 from .isolation import GRACE as CHILD_GRACE
+from .presence import Presence
 from .registration import register, register_tasks
 from .saturation import Saturation
 from .schedules import Plan, Schedule
@@ -133,6 +134,8 @@ class Worker:
             wake=self._wake,
             saturation=self.saturation,
         )
+        # Its row of the job keys it defines (scheduler/presence.py); beats add to the exclude.
+        self.presence = Presence(self.who, settings.app, specs, self.claimer._exclude)
         #: Set once the worker has registered its jobs and claims (for embedding and tests).
         self.ready = threading.Event()
         self._stopping = False
@@ -165,19 +168,19 @@ class Worker:
         name = _signal_name(signum)
         if self._signals == 1:
             log.info(
-                "%s received: %s claims nothing more and gives %d running jobs up to %.1fs "
+                "%s received: %s claims nothing more and gives %s up to %.1fs "
                 "to finish (send it again to cancel them now)",
                 name,
                 self.label,
-                len(self._running),
+                _jobs(len(self._running)),
                 self.shutdown_grace,
             )
             self.request_stop(False)
         else:
             log.warning(
-                "%s received again: cancelling %d running jobs and handing their slots over",
+                "%s received again: cancelling %s and handing their slots over",
                 name,
-                len(self._running),
+                _jobs(len(self._running)),
             )
             self.request_stop(True)
 
@@ -220,6 +223,7 @@ class Worker:
                     "start the worker with --migrate (in your own process: "
                     "Scheduler(migrate=True))"
                 )
+            await self.presence.enter(self.client)  # before registering: see Presence.enter
             await register(
                 self.client, specs, defined_by=self.label, app=settings.app, adopt=settings.adopt
             )
@@ -239,6 +243,8 @@ class Worker:
             tasks.append(asyncio.create_task(pruner, name="tenure-prune"))
             running_rows = self.finisher.rows_in_progress()
             tasks.append(asyncio.create_task(running_rows, name="tenure-running"))
+            beats = self.presence.beat_forever(self.client)
+            tasks.append(asyncio.create_task(beats, name="tenure-presence"))
             if settings.vacuum_every > 0:
                 vacuum = vacuum_forever(self.client, settings.vacuum_every, who=self.label)
                 tasks.append(asyncio.create_task(vacuum, name="tenure-vacuum"))
@@ -279,6 +285,7 @@ class Worker:
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            await self.presence.leave(self.client)
             await self.client.close()
         if cancelled:
             raise asyncio.CancelledError
@@ -350,9 +357,7 @@ class Worker:
         if self.starter.tasks:  # their runs join the ones below (or their claims are released)
             await asyncio.wait(set(self.starter.tasks), timeout=self.shutdown_grace)
         if self._running and not self._cancel_now:
-            log.info(
-                "waiting up to %.1fs for %d running jobs", self.shutdown_grace, len(self._running)
-            )
+            log.info("waiting up to %.1fs for %s", self.shutdown_grace, _jobs(len(self._running)))
         while self._running and not self._cancel_now:
             left = deadline - loop.time()
             if left <= 0:
@@ -412,6 +417,11 @@ class Worker:
                 run.body.cancel()  # a thread cannot be stopped: stop waiting for it
             if not run.ended:
                 self.finisher.finish(run, "abandoned", error, monotonic() - run.launched)
+
+
+def _jobs(n: int) -> str:
+    """``1 running job``, ``3 running jobs``: the shutdown lines count them."""
+    return f"{n} running job" if n == 1 else f"{n} running jobs"
 
 
 def _signal_name(signum: int) -> str:

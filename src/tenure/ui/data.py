@@ -17,6 +17,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from ..db.executor import typed
+from ..db.queries import query
 from ..db.rows import row_of
 from ..db.timeouts import CONNECTION_KWARGS
 from ..errors import DatabaseUnavailable, one_line
@@ -174,10 +175,13 @@ class JobRow:
     last_token: int | None
     now: dt.datetime
     quarantined: bool = False
+    #: No live worker of its app defines it (scheduler/presence.py).
+    undefined: bool = False
 
     @property
     def state(self) -> str:
         return job_state(
+            undefined=self.undefined,
             quarantined=self.quarantined,
             paused=self.paused,
             running=self.running,
@@ -521,6 +525,10 @@ class Reader:
         }
         async with self._session() as conn:
             rows = typed(await self._all(conn, name, params), JobsPageRow)
+            undefined: set[str] = set()
+            if rows:  # the scheduler's own statement (scheduler/presence.py): a few keys
+                cur = await conn.execute(query(self.schema, "sched_undefined"))
+                undefined = {r[0] for r in await cur.fetchall()}
             others: tuple[OtherKey, ...] = ()
             if state == "all":
                 others = tuple(
@@ -547,6 +555,7 @@ class Reader:
                 r.token,
                 r.now,
                 r.quarantined_at is not None,
+                r.job_key in undefined,
             )
             for r in rows
         )

@@ -626,3 +626,139 @@ FROM {schema}.job_runs
 WHERE job_key = %(job_key)s
 ORDER BY run_id DESC
 LIMIT %(limit)s;
+
+-- name: sched_presence_enter
+-- A worker that starts says which job keys its code defines (scheduler/presence.py), until
+-- %(ttl)s from now; its beats push seen_until forward. Rows of workers that died long ago are
+-- removed here, so the table stays as small as the fleet.
+WITH gone AS (
+    DELETE FROM {schema}.scheduler_workers
+    WHERE seen_until < clock_timestamp() - interval '1 day' AND worker_id <> %(worker)s
+)
+INSERT INTO {schema}.scheduler_workers (worker_id, app, job_keys, host, pid, seen_until)
+VALUES (%(worker)s, %(app)s, %(keys)s::text[], %(host)s, %(pid)s, clock_timestamp() + %(ttl)s)
+ON CONFLICT (worker_id) DO UPDATE
+SET app = excluded.app, job_keys = excluded.job_keys, seen_until = excluded.seen_until;
+
+-- name: sched_presence_beat
+-- A worker's beat (scheduler/presence.py). Rows back, by kind:
+--   'me': its row was there (seen_until moved %(ttl)s ahead; job_keys is not rewritten);
+--   'excluded': a coded job of its app (or of none yet) that its code does not define (not a
+--     runtime schedule, task set: its task decides, docs/schedules.md): its claims
+--     leave it out, so it takes no token for a job it cannot run;
+--   'lost': the unfinished run of a job of its app that no live worker of the app defines,
+--     recorded now as lease_lost: its lease has expired with no finish record (its worker
+--     is gone) and nobody will claim the job to record it as the next start would. Fenced
+--     on the run's own token (the lease still has it: nobody claimed the job since); a
+--     worker that was only frozen and then finishes the run records its own outcome over it.
+WITH me AS (
+    UPDATE {schema}.scheduler_workers
+    SET seen_until = clock_timestamp() + %(ttl)s
+    WHERE worker_id = %(worker)s
+    RETURNING job_keys
+), mine AS MATERIALIZED (
+    SELECT k.job_key FROM me, unnest(me.job_keys) AS k(job_key)
+), live AS MATERIALIZED (
+    -- The keys the app's live workers define (this worker's own from its row as updated).
+    SELECT k.job_key
+    FROM {schema}.scheduler_workers AS w, unnest(w.job_keys) AS k(job_key)
+    WHERE w.app = %(app)s AND w.seen_until >= clock_timestamp() AND w.worker_id <> %(worker)s
+    UNION
+    SELECT job_key FROM mine
+), lost AS (
+    INSERT INTO {schema}.job_runs AS r
+        (job_key, slot, kind, attempt, token, owner, worker_id, host, pid, started_at,
+         finished_at, outcome, error, recorded_at)
+    SELECT j.job_key, j.running_slot, coalesce(j.running_kind, 'scheduled'),
+           coalesce(j.running_attempt, 1), j.running_token, j.running_owner,
+           coalesce(j.running_worker, ''), coalesce(j.running_host, ''),
+           coalesce(j.running_pid, 0), coalesce(j.running_started_at, clock_timestamp()),
+           clock_timestamp(), 'lease_lost',
+           'the run ended with its worker gone, and no live worker of app ' || j.app
+               || ' defines the job (removed from the code?); `tenure jobs remove` deletes it',
+           coalesce(j.running_started_at, clock_timestamp())
+    FROM {schema}.scheduled_jobs AS j
+    JOIN {schema}.job_leases AS l ON l.job_key = j.job_key
+    WHERE j.app = %(app)s AND j.task IS NULL AND j.running_slot IS NOT NULL
+      AND EXISTS (SELECT 1 FROM me)
+      AND NOT EXISTS (SELECT 1 FROM live WHERE live.job_key = j.job_key)
+      AND l.fencing_token = j.running_token AND l.lease_until < clock_timestamp()
+      AND NOT EXISTS (
+          SELECT 1 FROM {schema}.job_runs AS x
+          WHERE x.job_key = j.job_key AND x.token = j.running_token
+            AND x.started_at IS NOT NULL AND x.outcome <> 'running')
+    ORDER BY j.job_key
+    ON CONFLICT (job_key, token) WHERE started_at IS NOT NULL DO UPDATE
+    SET outcome = excluded.outcome, finished_at = excluded.finished_at, error = excluded.error
+    WHERE r.outcome = 'running'
+    RETURNING r.job_key
+)
+SELECT 'me' AS kind, NULL AS job_key FROM me
+UNION ALL
+SELECT 'excluded', j.job_key
+FROM {schema}.scheduled_jobs AS j
+WHERE (j.app = %(app)s OR j.app IS NULL) AND j.task IS NULL
+  AND EXISTS (SELECT 1 FROM me)
+  AND NOT EXISTS (SELECT 1 FROM mine WHERE mine.job_key = j.job_key)
+UNION ALL
+SELECT 'lost', job_key FROM lost;
+
+-- name: sched_presence_leave
+-- A worker that stops takes its job keys off the list at once.
+DELETE FROM {schema}.scheduler_workers WHERE worker_id = %(worker)s;
+
+-- name: sched_undefined
+-- The coded jobs that no worker defines: of an app that has a live worker, and none of its live
+-- workers defines the key (removed from the code; scheduler/presence.py). A job of an app
+-- whose workers are all down is not one of them: it is waiting for them. One hash join, not
+-- a search of every worker's keys per job.
+WITH live AS MATERIALIZED (
+    SELECT w.app, k.job_key
+    FROM {schema}.scheduler_workers AS w, unnest(w.job_keys) AS k(job_key)
+    WHERE w.seen_until >= clock_timestamp()
+)
+SELECT j.job_key
+FROM {schema}.scheduled_jobs AS j
+WHERE j.task IS NULL AND j.app IN (SELECT app FROM live)
+  AND NOT EXISTS (SELECT 1 FROM live WHERE live.app = j.app AND live.job_key = j.job_key)
+ORDER BY j.job_key;
+
+-- name: sched_remove_job
+-- `tenure jobs remove KEY`: delete a coded job's definition (a runtime schedule, task set, is
+-- removed by `tenure schedules remove`, which records the change), refused while a live worker of its
+-- app defines it (it would register it again, or run it without a row) or while its lease is
+-- live (a run already going finishes under its own token). The lease row (job_leases) and
+-- job_state stay: if the key is defined again, its tokens continue above the old ones. Its
+-- history stays until retention. Run under the registration's lock (one at a time per
+-- schema, scheduler.registration): a worker writes its presence row before it registers,
+-- so a registration that ran before this statement has its row visible here.
+WITH job AS MATERIALIZED (
+    SELECT j.job_key, j.app, j.task FROM {schema}.scheduled_jobs AS j
+    WHERE j.job_key = %(job_key)s
+    FOR UPDATE
+), definers AS MATERIALIZED (
+    SELECT w.worker_id, w.host, w.pid
+    FROM {schema}.scheduler_workers AS w, job
+    WHERE w.app = job.app AND w.seen_until >= clock_timestamp()
+      AND job.job_key = ANY (w.job_keys)
+), held AS MATERIALIZED (
+    SELECT l.fencing_token, l.lease_until FROM {schema}.job_leases AS l
+    WHERE l.job_key = %(job_key)s AND l.lease_until >= clock_timestamp()
+), gone AS (
+    DELETE FROM {schema}.scheduled_jobs AS j
+    USING job
+    WHERE j.job_key = job.job_key AND job.task IS NULL
+      AND NOT EXISTS (SELECT 1 FROM definers) AND NOT EXISTS (SELECT 1 FROM held)
+    RETURNING j.job_key
+)
+SELECT job.app,
+       EXISTS (SELECT 1 FROM gone) AS removed,
+       (SELECT string_agg(format('%%s (%%s pid %%s)', d.worker_id, d.host, d.pid), ', '
+                          ORDER BY d.worker_id)
+        FROM definers AS d) AS definers,
+       (SELECT h.lease_until FROM held AS h) AS held_until,
+       (SELECT l.fencing_token FROM {schema}.job_leases AS l
+        WHERE l.job_key = %(job_key)s) AS token,
+       job.task,
+       pg_notify(%(channel)s, 'removed')::text AS notified
+FROM job;

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -81,20 +82,44 @@ class AsyncResults:
         if applied is None:
             if issued is None or issued < token:
                 raise TokenNotIssued(job_key, token, issued)
+            ended = None
             if strict:
-                # Refused by the fence: the newest takeover's token says why.
+                # Refused by the fence: the newest takeover's token says why, or, when that
+                # is still ours, how our lease ended.
                 current = issued
+                if issued == token:
+                    ended = await self._lease_ended(job_key)
             metrics.emit(metrics.STALE, job_key, "result")
-            log.warning(
-                "%s result write for %r rejected: token %s, current token %s",
-                "strict" if strict else "stale",
-                job_key,
-                token,
-                current,
-                extra={"job": job_key, "token": token, "current_token": current},
-            )
-            raise StaleTokenError(job_key, token, current, site="result")
+            extra = {"job": job_key, "token": token, "current_token": current}
+            if ended is None:
+                log.warning(
+                    "%s result write for %r rejected: token %s, current token %s",
+                    "strict" if strict else "stale",
+                    job_key,
+                    token,
+                    current,
+                    extra=extra,
+                )
+            else:
+                log.warning(
+                    "strict result write for %r rejected: the lease of token %s was %s (no "
+                    "newer token has taken over)",
+                    job_key,
+                    token,
+                    ended,
+                    extra=extra,
+                )
+            raise StaleTokenError(job_key, token, current, site="result", lease_ended=ended)
         return Result(job_key, payload, applied, written_at)
+
+    async def _lease_ended(self, job_key: str) -> str:
+        """ "released" or "expired": how the lease of the newest token ended. A release (or
+        `tenure release`) moves its end before the last renewal + TTL; an expiry leaves it
+        there (the two clock readings of one renewal differ by microseconds, not 1 ms)."""
+        info = await self._client.inspect(job_key)
+        if info is not None and info.expires_at < info.renewed_at + info.ttl - _CLOCK_SLACK:
+            return "released"
+        return "expired"
 
     async def get(self, job_key: str) -> Result | None:
         """The stored result for ``job_key``, or None."""
@@ -109,6 +134,9 @@ class AsyncResults:
             return None
         r = rows[0]
         return Result(r.job_key, r.payload, r.applied_fencing_token, r.written_at)
+
+
+_CLOCK_SLACK = dt.timedelta(milliseconds=1)
 
 
 def _identity(text: str) -> str:
