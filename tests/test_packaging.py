@@ -9,8 +9,12 @@ from __future__ import annotations
 import ast
 import importlib.metadata
 import re
+import sys
 import tomllib
+import zipfile
 from pathlib import Path
+
+import pytest
 
 import tenure
 
@@ -67,3 +71,42 @@ def test_every_supported_python_has_its_classifier() -> None:
         if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)
     }
     assert versions == {f"3.{m}" for m in range(int(floor[1]), 14)}
+
+
+def test_check_dist_names_a_file_the_wheel_lacks_and_one_it_should_not_have(
+    tmp_path: Path,
+) -> None:
+    # scripts/release-checks trusts tools/check_dist.py to fail on a wheel that lost a file.
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import check_dist
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    expected = check_dist.package_files()
+    assert {"tenure/py.typed", "tenure/db/sql/queries.sql"} <= expected
+    wheel = tmp_path / "tenure-0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for name in sorted(expected - {"tenure/db/sql/queries.sql"}):
+            z.writestr(name, "")
+        z.writestr("tests/test_x.py", "")
+        z.writestr("tenure-0.dist-info/licenses/LICENSE", "")
+    assert check_dist.check_wheel(wheel, expected) == [
+        "wheel lacks tenure/db/sql/queries.sql",
+        "wheel has tests/test_x.py, not a package file",
+    ]
+
+
+def test_floors_pins_every_direct_dependency_at_its_lower_bound() -> None:
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import floors
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    assert floors.floor("httpx>=0.27,<1") == "httpx==0.27"
+    assert floors.floor("psycopg[binary]>=3.2.1") == "psycopg[binary]==3.2.1"
+    assert floors.floor('x>=1; python_version < "3.12"') == 'x==1; python_version < "3.12"'
+    with pytest.raises(SystemExit, match="no single >= floor"):
+        floors.floor("click")
+    pinned = floors.floors(PYPROJECT, ["binary"])
+    assert len(pinned) == len(PYPROJECT["project"]["dependencies"]) + 1
+    assert "click==8.2" in pinned  # NoArgsIsHelpError: every usage error relies on it

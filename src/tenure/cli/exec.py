@@ -173,7 +173,9 @@ def _check_key(ctx: click.Context, param: click.Parameter, value: str) -> str:
     show_envvar=True,
     callback=_check_slot,
     help="Run once per slot (e.g. the CronJob's scheduled time): a slot that completed "
-    "with exit 0 on any host exits 0 as 'already done'; a failed or lost one runs again.",
+    "with exit 0 on any host exits 0 as 'already done'; a failed or lost one runs again. "
+    "With --every: VALUE@<the period's slot> (e.g. eu@2026-12-04T04:35:00Z), once per "
+    "VALUE and period.",
 )
 @click.option(
     "--every",
@@ -253,10 +255,6 @@ def exec_command(
 
     Put `--` before COMMAND. Durations: 250ms, 30s, 5m, 1h.
     """
-    if slot is not None and every is not None:
-        raise UsageProblem(
-            "--slot and --every exclude each other (--every computes the slot): give one"
-        )
     setup_logs(log_level, log_format)
     # tenure's own renewal warnings already say the database is unreachable: psycopg_pool's
     # failed reconnections (routed like tenure's lines) only from ERROR, or with debug.
