@@ -292,3 +292,27 @@ def test_a_pooler_without_admin_rights_is_still_reported(
     assert code == 0 and pooler["status"] == "warn", pooler
     assert "probably PgBouncer" in pooler["summary"] and "pool mode is unknown" in pooler["summary"]
     assert "not reachable for this user" in pooler["details"]["admin console"]
+
+
+def test_through_a_proxy_the_server_check_names_the_member_that_answered(
+    dsn: str, migrated: str
+) -> None:
+    # As behind HAProxy or a multi-host DSN (issue 30): doctor says which server answered,
+    # not the endpoint it was given, and the WAL timeline tokens are floored on.
+    proxy = Proxy.from_dsn(dsn)
+    proxy.start()
+    try:
+        code, report = doctor(tenure_env(proxy.dsn(dsn), migrated))
+    finally:
+        proxy.stop()
+    server = checks(report)["server"]
+    assert code == 0 and server["status"] == "ok", server
+    with psycopg.connect(dsn) as conn:
+        [(address, port, timeline)] = conn.execute(
+            "SELECT host(inet_server_addr()), inet_server_port(),"
+            " ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int"
+        ).fetchall()
+    member = f"{address}:{port}" if address is not None else f"socket, port {port}"
+    assert server["details"]["answered_by"] == member != f"127.0.0.1:{proxy.port}"
+    assert server["details"]["timeline"] == str(timeline)
+    assert f"timeline {timeline}, answered by {member}" in server["summary"]

@@ -219,11 +219,17 @@ def _conn(ctx: _Context) -> psycopg.Connection[tuple[Any, ...]]:
 def _server(ctx: _Context) -> Check:
     conn = _conn(ctx)
     version_num = conn.info.server_version
-    [(version, standby, read_only)] = conn.execute(
-        b"SELECT current_setting('server_version'), pg_is_in_recovery(),"
-        b" current_setting('default_transaction_read_only')"
+    [(version, standby, read_only, address, port, timeline)] = conn.execute(
+        queries("tenure")["observe_server"]  # no schema in it: any name loads it
     ).fetchall()
-    details = (("version", str(version)), ("server_version_num", str(version_num)))
+    # Through an HA endpoint (HAProxy, a multi-host DSN): the member that answered.
+    answered = f"{address}:{port}" if address is not None else f"socket, port {port}"
+    details = (
+        ("version", str(version)),
+        ("server_version_num", str(version_num)),
+        ("answered_by", answered),
+        ("timeline", "-" if timeline is None else str(timeline)),
+    )
     if version_num < MIN_SERVER:
         return Check(
             "server",
@@ -249,7 +255,12 @@ def _server(ctx: _Context) -> Check:
             details,
             "tenure writes on every acquire: use a role and database that can write",
         )
-    return Check("server", OK, f"PostgreSQL {version}, primary, read-write", details)
+    return Check(
+        "server",
+        OK,
+        f"PostgreSQL {version}, primary, read-write, timeline {timeline}, answered by {answered}",
+        details,
+    )
 
 
 def _schema(ctx: _Context, schema: str) -> Check:
