@@ -93,6 +93,7 @@ def worker_env(
         BENCH_CRON=value if kind == "cron" else "",
         BENCH_EVERY=value if kind == "every" else "",
         BENCH_RUNTIME="1" if args.runtime else "0",
+        BENCH_BODY=args.body,
     )
     if src is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(src), env.get("PYTHONPATH", "")]).rstrip(
@@ -214,6 +215,74 @@ def lateness_by_bucket(
     return out
 
 
+#: --body mixed: the no-op jobs' keys (bench_scheduler.body_for: i % 10 == 0 sleeps 2 s,
+#: i % 100 == 1 burns 100 ms of CPU).
+NOOP_KEYS = sql.SQL(
+    "substring(job_key from 5)::int %% 10 <> 0 AND substring(job_key from 5)::int %% 100 <> 1"
+)
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """utime + stime of a process from /proc/<pid>/stat, in s (None: gone or unreadable)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    # After the ")" that ends comm: field 3 (state) is index 0; utime, stime are fields 14, 15.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def costs_snapshot(conn: psycopg.Connection[Any], worker_pids: list[int]) -> dict[str, Any]:
+    """What --costs differences: the workers' CPU, their backends' CPU (every other backend
+    on the row's own database), committed transactions in it, row writes in the schema,
+    and the server's WAL position (server-wide: other databases' writes count too)."""
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    backends = [
+        pid
+        for (pid,) in conn.execute(
+            "SELECT pid FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchall()
+    ]
+    row = conn.execute(
+        "SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()), "
+        "(SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0) "
+        " FROM pg_stat_user_tables WHERE schemaname = %s), pg_current_wal_lsn()",
+        (SCHEMA,),
+    ).fetchone()
+    assert row is not None
+    return {
+        "workers": {pid: cpu_seconds(pid) for pid in worker_pids},
+        "backends": {pid: cpu_seconds(pid) for pid in backends},
+        "xacts": int(row[0]),
+        "writes": int(row[1]),
+        "lsn": str(row[2]),
+    }
+
+
+def costs_per_run(
+    conn: psycopg.Connection[Any], first: dict[str, Any], last: dict[str, Any], runs: int
+) -> dict[str, Any]:
+    """Per run started in the window. A backend that came or went inside the window counts
+    from its first to its last reading (the pools keep theirs: few do)."""
+
+    def spent(a: dict[int, float | None], b: dict[int, float | None]) -> float:
+        return sum((b[p] or 0.0) - (a.get(p) or 0.0) for p in b if b[p] is not None)
+
+    (wal,) = conn.execute(
+        "SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)", (last["lsn"], first["lsn"])
+    ).fetchone() or (0,)
+    n = max(runs, 1)
+    return {
+        "worker_cpu_ms": round(spent(first["workers"], last["workers"]) * 1000 / n, 3),
+        "server_cpu_ms": round(spent(first["backends"], last["backends"]) * 1000 / n, 3),
+        "xacts": round((last["xacts"] - first["xacts"]) / n, 2),
+        "row_writes": round((last["writes"] - first["writes"]) / n, 2),
+        "wal_bytes": round(float(wal) / n),
+        "backends": len(last["backends"]),
+    }
+
+
 def expected_slots(schedule: str, jobs: int, start: dt.datetime, end: dt.datetime) -> int:
     """Slots of the row's jobs in [start, end), from tenure's own schedule code."""
     from tenure.scheduler.schedules import Schedule
@@ -286,9 +355,22 @@ def measure(
                     ).fetchone() or (60,)
                     time.sleep(max(0.0, float(to_minute) - 2.0) % 60)
                     window = 62.5
+                pids = [proc.pid for proc in procs.procs]
+                first = costs_snapshot(conn, pids) if args.costs else None
                 (t0,) = conn.execute("SELECT clock_timestamp()").fetchone() or (None,)
                 samples = sample_window(conn, window, args.timeline)
                 (t1,) = conn.execute("SELECT clock_timestamp()").fetchone() or (None,)
+                last = costs_snapshot(conn, pids) if args.costs else None
+                costs = None
+                if first is not None and last is not None:
+                    (started,) = conn.execute(
+                        sql.SQL(
+                            "SELECT count(*) FROM {}.job_runs WHERE kind = 'scheduled' "
+                            "AND started_at >= %s AND started_at < %s"
+                        ).format(sql.Identifier(SCHEMA)),
+                        (t0, t1),
+                    ).fetchone() or (0,)
+                    costs = costs_per_run(conn, first, last, started)
         finally:
             codes = procs.stop()
         end = t1 - dt.timedelta(seconds=1)
@@ -325,6 +407,24 @@ def measure(
             assert row is not None
             runs, dupes, skipped, p50, p99, worst, seen, early = row
             timeline = lateness_by_bucket(conn, t0, end, args.timeline, samples)
+            noop = None
+            if args.body == "mixed":  # the no-op jobs alone: do slow bodies delay their starts?
+                noop = conn.execute(
+                    sql.SQL(
+                        """
+                        SELECT count(*),
+                               percentile_cont(0.5) WITHIN GROUP (
+                                   ORDER BY extract(epoch FROM started_at - slot)),
+                               percentile_cont(0.99) WITHIN GROUP (
+                                   ORDER BY extract(epoch FROM started_at - slot)),
+                               max(extract(epoch FROM started_at - slot))
+                        FROM {schema}.job_runs
+                        WHERE slot >= %s AND slot < %s AND kind = 'scheduled'
+                          AND started_at IS NOT NULL AND started_at <= %s AND {noop}
+                        """
+                    ).format(schema=sql.Identifier(SCHEMA), noop=NOOP_KEYS),
+                    (t0, end, t1),
+                ).fetchone()
     finally:
         with psycopg.connect(base, autocommit=True) as admin:
             admin.execute(
@@ -348,6 +448,7 @@ def measure(
         "schedule": schedule,
         "jobs": jobs,
         "kind": "runtime" if args.runtime else "coded",
+        "body": args.body,
         "added_s": None if added is None else round(added, 2),
         "window_s": round(seconds, 1),
         "expected": expected,
@@ -367,6 +468,15 @@ def measure(
         "exit_codes": codes,
         "logs": None if kept is None else str(kept),
         "timeline": timeline,
+        "costs": costs,
+        "noop": None
+        if noop is None
+        else {
+            "runs": noop[0],
+            "p50_ms": round(float(noop[1] or 0) * 1000, 1),
+            "p99_ms": round(float(noop[2] or 0) * 1000, 1),
+            "max_ms": round(float(noop[3] or 0) * 1000, 1),
+        },
     }
 
 
@@ -399,6 +509,18 @@ def main() -> None:
         choices=["coded", "runtime"],
         help="coded jobs (@app.job) and/or as many runtime schedules of one task",
     )
+    parser.add_argument(
+        "--bodies",
+        nargs="+",
+        default=["noop"],
+        choices=["noop", "mixed"],
+        help="mixed: 10%% of jobs sleep 2 s, 1%% burn 100 ms CPU; the no-ops' lateness apart",
+    )
+    parser.add_argument(
+        "--costs",
+        action="store_true",
+        help="per run: worker and server CPU ms, transactions, row writes, WAL bytes",
+    )
     parser.add_argument("--compare", metavar="REF", help="also run each row on git REF's src/")
     parser.add_argument("--after", metavar="REF", help="the after side from git REF's src/")
     parser.add_argument("--stagger", action="store_true", help="start workers one at a time")
@@ -425,12 +547,14 @@ def main() -> None:
         sides: list[tuple[str, Path | None]] = [("after", after)]
         if args.compare:
             sides.insert(0, ("before", source_tree(args.compare, Path(tmp) / "before")))
-        rows = itertools.product(args.rates, args.schedules, args.workers, args.kinds)
-        for n, (rate, schedule, workers, kind) in enumerate(rows):
+        rows = itertools.product(args.rates, args.schedules, args.workers, args.kinds, args.bodies)
+        for n, (rate, schedule, workers, kind, body) in enumerate(rows):
             args.runtime = kind == "runtime"
+            args.body = body
             for side, src in sides:
                 say(
-                    f"{side}: {rate}/s asked, {schedule}, {workers} workers, {kind} ...", flush=True
+                    f"{side}: {rate}/s asked, {schedule}, {workers} workers, {kind}, {body} ...",
+                    flush=True,
                 )
                 loop_s = reference_loop()
                 result = measure(base, rate, workers, schedule, args, src, Path(tmp), f"{n}-{side}")
@@ -453,12 +577,31 @@ def main() -> None:
         print(head)
         print("|" + "---|" * (head.count("|") - 1))
         for r in results:
+            kind = r["kind"] + (", mixed" if r["body"] == "mixed" else "")
             print(
-                f"| {r['side']} | {r['kind']} | {r['rate']:,} | {r['schedule']} | {r['workers']} | "
+                f"| {r['side']} | {kind} | {r['rate']:,} | {r['schedule']} | {r['workers']} | "
                 f"{r['jobs']:,} | {r['runs_per_s']:,} | {r['p50_ms']:,} / {r['p99_ms']:,} / "
                 f"{r['max_ms']:,} | {r['skipped']:,} | {r['behind']:,} | {r['dupes']} | "
                 f"{r['early']} | {r['saturated_lines']} | {r['load'][0]} | {r['loop_s']} |"
             )
+        if any(r["costs"] or r["noop"] for r in results):
+            head = (
+                "| side | body | asked/s | workers | no-op late p50 / p99 / max ms "
+                "| worker CPU ms/run | server CPU ms/run | xacts/run | row writes/run "
+                "| WAL B/run | loop s |"
+            )
+            print()
+            print(head)
+            print("|" + "---|" * (head.count("|") - 1))
+            for r in results:
+                c, o = r["costs"] or {}, r["noop"]
+                late = "-" if o is None else f"{o['p50_ms']:,} / {o['p99_ms']:,} / {o['max_ms']:,}"
+                print(
+                    f"| {r['side']} | {r['body']} | {r['rate']:,} | {r['workers']} | {late} | "
+                    f"{c.get('worker_cpu_ms', '-')} | {c.get('server_cpu_ms', '-')} | "
+                    f"{c.get('xacts', '-')} | {c.get('row_writes', '-')} | "
+                    f"{c.get('wal_bytes', '-')} | {r['loop_s']} |"
+                )
         for r in results:
             if r["timeline"]:
                 print(f"\n{r['side']}, {r['rate']:,}/s, {r['schedule']}, {r['workers']} workers:")

@@ -60,6 +60,29 @@ async def _anoop(ctx: tenure.JobContext) -> None:
     pass
 
 
+def _sleep2(ctx: tenure.JobContext) -> None:
+    time.sleep(2.0)
+
+
+def _burn100(ctx: tenure.JobContext) -> None:
+    until = time.process_time() + 0.1
+    while time.process_time() < until:
+        pass
+
+
+def body_for(i: int, default: Any) -> Any:
+    """BENCH_BODY=mixed (bench_scale.py --body mixed): job i % 10 == 0 sleeps 2 s, job
+    i % 100 == 1 burns 100 ms of CPU, the rest are no-ops (the SQL in bench_scale.py's
+    ``NOOP_KEYS`` picks the same keys)."""
+    if os.environ.get("BENCH_BODY") != "mixed":
+        return default
+    if i % 10 == 0:
+        return _sleep2
+    if i % 100 == 1:
+        return _burn100
+    return default
+
+
 def _build_app() -> tenure.Scheduler | None:
     jobs = int(os.environ.get("BENCH_JOBS", "0"))
     if not jobs:
@@ -81,9 +104,9 @@ def _build_app() -> tenure.Scheduler | None:
         if idle:
             built.add_job(f"job-{i:05d}", fn, cron=NEVER)
         elif cron is not None:
-            built.add_job(f"job-{i:05d}", fn, cron=cron)
+            built.add_job(f"job-{i:05d}", body_for(i, fn), cron=cron)
         else:
-            built.add_job(f"job-{i:05d}", fn, every=every)
+            built.add_job(f"job-{i:05d}", body_for(i, fn), every=every)
     return built
 
 
