@@ -277,9 +277,10 @@ def test_job_context_wait_refuses_what_is_not_a_duration(seconds: object) -> Non
             slot=dt.datetime.now(dt.UTC),
             kind="scheduled",
             attempt=1,
-            # wait() reads only the lease's `lost` flag, and never the client.
+            # wait() reads only the lease's `lost` flag, and never the client (the context
+            # reads its schema when it is made).
             lease=types.SimpleNamespace(lost=False),  # type: ignore[arg-type]
-            client=None,  # type: ignore[arg-type]
+            client=types.SimpleNamespace(schema="tenure"),  # type: ignore[arg-type]
             worker_id="w",
         )
 

@@ -365,4 +365,9 @@ def test_two_of_a_runs_three_job_row_updates_are_heap_only(dsn: str, schema: str
         timeout=15,
         what="the table statistics",
     )
-    assert hot >= 0.6 * updated, (updated, hot, done)
+    # Per run: 2 heap-only updates (the start and the finish) where the code before
+    # bb4f598 made 1. Counted per succeeded run, not as a share of all updates: under load
+    # skipped slots add updates that move due_at, and a page whose dead versions a
+    # concurrent snapshot still sees has no room for a heap-only one (CI at load 10-17
+    # measured 1.79-1.90 per run, 0.57-0.60 of all updates).
+    assert hot >= 1.5 * done, (updated, hot, done)
