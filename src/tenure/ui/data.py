@@ -408,14 +408,14 @@ class Reader:
     def __init__(self, conninfo: str, schema: str, *, max_size: int = 4) -> None:
         self.schema = schema
         self._q = ui_queries(schema)
-        self._pool: AsyncConnectionPool[psycopg.AsyncConnection[tuple[Any, ...]]] | None = None
+        self._readers: AsyncConnectionPool[psycopg.AsyncConnection[tuple[Any, ...]]] | None = None
         self._conninfo = conninfo
         self._max_size = max_size
         self._lock = asyncio.Lock()
 
     async def _open(self) -> AsyncConnectionPool[psycopg.AsyncConnection[tuple[Any, ...]]]:
         async with self._lock:
-            if self._pool is None:
+            if self._readers is None:
                 pool: AsyncConnectionPool[psycopg.AsyncConnection[tuple[Any, ...]]] = (
                     AsyncConnectionPool(
                         self._conninfo,
@@ -432,13 +432,13 @@ class Reader:
                     )
                 )
                 await pool.open()
-                self._pool = pool
-            return self._pool
+                self._readers = pool
+            return self._readers
 
     async def close(self) -> None:
-        if self._pool is not None:
-            await self._pool.close()
-            self._pool = None
+        if self._readers is not None:
+            await self._readers.close()
+            self._readers = None
 
     @asynccontextmanager
     async def _session(self) -> AsyncIterator[psycopg.AsyncConnection[tuple[Any, ...]]]:

@@ -95,13 +95,13 @@ SELECT (SELECT count(*) FROM {schema}.scheduled_jobs WHERE NOT paused) AS jobs,
 -- name: observe_server
 -- Which server answered (through HAProxy or a multi-host DSN, the member that is primary
 -- now) and on which WAL timeline: a failover moves both. inet_server_addr() is NULL over a
--- Unix socket. The timeline is the one tokens are floored on (queries.sql, token_floor),
--- read from the current WAL file's name; a standby reports its replay position's instead.
+-- Unix socket. The timeline is the one tokens are floored on, read back from the floor itself
+-- (queries.sql, token_floor: (timeline - 1) * 2^40 + 1); NULL on a standby.
 SELECT current_setting('server_version') AS version,
        pg_is_in_recovery() AS standby,
        current_setting('default_transaction_read_only') AS read_only,
        host(inet_server_addr()) AS address,
        inet_server_port() AS port,
        CASE WHEN pg_is_in_recovery() THEN NULL
-            ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int
+            ELSE ((({token_floor}) - 1) >> 40) + 1
        END AS timeline;
