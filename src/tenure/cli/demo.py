@@ -8,6 +8,7 @@ resumed (SIGCONT) and tries to write: the fence rejects it. The final result mus
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -187,4 +188,7 @@ def run(dsn: str | None, schema: str, ttl: float, say: Callable[[str], None]) ->
 if __name__ == "__main__":
     # python -m tenure.cli.demo NAME KEY TTL SCHEMA [--hold]: one executor, run by `tenure demo`.
     name_, key_, ttl_, schema_ = sys.argv[1:5]
+    # The demo narrates the refused write itself: the library's own warning for it (which a
+    # program without logging configured sees on stderr) would say it twice.
+    logging.getLogger("tenure").setLevel(logging.ERROR)
     sys.exit(executor(name_, key_, float(ttl_), schema_, "--hold" in sys.argv[5:]))
