@@ -137,23 +137,97 @@ def test_body_slots_go_to_waiting_runs_in_order_and_a_given_up_wait_passes_its_t
     async def main() -> None:
         wake = asyncio.Event()
         limit = BodyLimit(1, wake)
-        assert limit.take() and limit.busy == 1
-        a, b, c = limit.wait(), limit.wait(), limit.wait()
-        assert not limit.take()  # a run arriving now queues behind the waiting ones
+        running = limit.take("r")
+        assert running is not None and limit.busy == 1
+        a, b, c = limit.wait("a"), limit.wait("b"), limit.wait("c")
+        assert limit.take("d") is None  # a run arriving now queues behind the waiting ones
         assert not limit.room()  # and the claim loop claims nothing more meanwhile
         b.cancel()  # its lease was lost while it waited
         limit.forget(b)
-        limit.release()  # the running body returned (in its thread)
+        limit.release(running)  # the running body returned (in its thread)
         limit.grant()
         assert a.done() and not c.done()
-        limit.release()
+        limit.release(a.result())
         limit.grant()
         assert c.done() and not wake.is_set()
-        limit.release()
+        limit.release(c.result())
         limit.grant()
         assert limit.busy == 0 and wake.is_set()  # room again: the claim loop is woken
-        d = limit.wait()
+        d = limit.wait("d")
         limit.close()  # the worker stops: the wait ends, its body never runs
-        assert d.cancelled() and not limit.take()
+        assert d.cancelled() and limit.take("e") is None
+
+    asyncio.run(main())
+
+
+# -- long bodies do not hold every body slot (issue 28) ----------------------------------------
+
+
+def _probe_lateness(dsn: str, schema: str, after: float) -> list[float]:
+    """Seconds from each probe slot to its body's start (database clock), for the probe's
+    slots from ``after`` seconds past the first recorded start on."""
+    rows = query(
+        dsn,
+        schema,
+        "SELECT extract(epoch FROM at - slot)::float8 FROM {schema}.evidence "
+        "WHERE job_key = 'probe' AND slot >= (SELECT min(at) FROM {schema}.evidence) "
+        "+ make_interval(secs => %s) ORDER BY slot",
+        (after,),
+    )
+    return [r[0] for r in rows]
+
+
+def test_slow_bodies_leave_room_for_quick_ones_at_the_default_concurrency(
+    dsn: str, schema: str, tmp_path: Path
+) -> None:
+    # Eight jobs sleeping 3 s each, every second, as many as the default 8 body slots, and a
+    # quick probe every second. Their first runs teach the worker they are long; from then
+    # on they hold at most 6 of the 8 slots, and the probe starts on time. (Before: every
+    # wave of sleepers held all 8 slots and the probe began up to 3 s late.)
+    prepare(dsn, schema)
+    env = tenure_env(dsn, schema, SCHED_SLOW="3")
+    w = WorkerProcess("crowded", env, tmp_path / "worker.log", args=["--shutdown-grace", "1s"])
+    try:
+        w.wait_started()
+        wait_for(lambda: len(_probe_lateness(dsn, schema, 4.0)) >= 7, timeout=40, what="probes")
+        w.signal(signal.SIGTERM)
+        w.wait()
+    finally:
+        w.stop()
+    late = _probe_lateness(dsn, schema, 4.0)
+    assert max(late[:7]) < 0.5, (late, w.log())
+
+
+def test_known_long_bodies_hold_at_most_three_quarters_of_the_slots() -> None:
+    async def main() -> None:
+        wake = asyncio.Event()
+        limit = BodyLimit(8, wake)
+        assert (limit.long_cap, limit.limit) == (6, 8)
+        # A body that ran 1 s or more marks its job long (learned as it returns).
+        first = limit.take("slow-0")
+        assert first is not None
+        first.began -= 2.0  # as if it had run 2 s
+        limit.release(first)
+        limit.grant()
+        assert limit.is_long("slow-0") and not limit.is_long("quick")
+        for i in range(6):
+            limit.mark_long(f"slow-{i}")
+        slows = [limit.take(f"slow-{i}") for i in range(6)]
+        assert all(slows) and limit.busy == 6
+        limit.mark_long("slow-6")
+        assert limit.take("slow-6") is None  # the long bodies' share is full
+        waiting_long = limit.wait("slow-6")
+        assert limit.room()  # a long run waiting does not stop the claims
+        quick = limit.take("quick")  # an unknown or quick job takes a reserved slot
+        assert quick is not None and limit.busy == 7
+        limit.release(quick)
+        limit.grant()
+        assert not waiting_long.done()  # a freed reserved slot is not the long ones'
+        slow = slows[0]
+        assert slow is not None
+        limit.release(slow)  # a long body ended: its share has room
+        limit.grant()
+        assert waiting_long.done() and limit.busy == 6
+        limit.close()
 
     asyncio.run(main())

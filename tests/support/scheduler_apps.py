@@ -387,3 +387,23 @@ async def blocks_loop(ctx: tenure.JobContext) -> None:
     # Sync code inside async def: the worker's loop (lease renewals included) stops for twice
     # the TTL, so the lease expires under a live worker.
     time.sleep(2 * BLOCK_TTL)
+
+
+# -- crowded: slow bodies beside a quick one, at the default concurrency (issue 28) ----------
+# Eight jobs whose sync bodies sleep SCHED_SLOW seconds (as many as the default 8 body
+# slots) and one quick ``probe`` that records when its body began.
+
+crowded = tenure.Scheduler(name="crowded")
+
+
+def _sleeper(ctx: tenure.JobContext) -> None:
+    time.sleep(float(os.environ.get("SCHED_SLOW", "4")))
+
+
+for _i in range(8):
+    crowded.add_job(f"sleeper-{_i}", _sleeper, every="1s", ttl="10s")
+
+
+@crowded.job("probe", every="1s", ttl="5s")
+def probe(ctx: tenure.JobContext) -> None:
+    record(ctx)

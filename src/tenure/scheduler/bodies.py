@@ -6,26 +6,61 @@ next run does not wait for the outcome to reach the event loop. A claimed job wa
 slot (fire-ahead) and a run waiting for its end to be recorded hold none (the claimer bounds
 those with ``claim_ahead`` and ``finish_backlog``). A run whose scheduled slot came while
 every body slot was busy waits, in order, with its lease renewed; a stop or a lost lease
-ends the wait and the body never runs."""
+ends the wait and the body never runs.
+
+**Long bodies do not hold every slot.** A job whose last body on this worker ran
+:data:`LONG_BODY` or more is *long*; long bodies hold at most :attr:`BodyLimit.long_cap`
+slots (three quarters, rounded up: 6 of the default 8), so the others stay free for quick
+bodies. Without that, slow jobs whose demand exceeds the slots (ten jobs sleeping 2 s every
+second need 20) fill every slot and every other job on the worker waits behind them; with
+it, a slow job delays the others by no more than its share of the slots. The worker learns
+a job's length from its own runs, so a slow job's first run here may still take a reserved
+slot. A long run over its share waits in a line of its own, behind which quick runs pass.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import threading
+import time
+
+#: A body that ran this many seconds makes its job long (``long_cap`` applies to it).
+LONG_BODY = 1.0
+
+
+class Slot:
+    """A body slot taken for one run: returned to :meth:`BodyLimit.release`."""
+
+    __slots__ = ("began", "job_key", "long")
+
+    def __init__(self, job_key: str, long: bool) -> None:
+        self.job_key = job_key
+        self.long = long
+        self.began = time.monotonic()
+
+
+#: Runs waiting for a slot, in order: each one's future and the slot it will get.
+Line = collections.deque[tuple[asyncio.Future[Slot], Slot]]
 
 
 class BodyLimit:
-    """At most ``limit`` bodies at once. ``wake`` (the claim loop's) is set when a slot frees
-    after the claim loop found none (:meth:`room`)."""
+    """At most ``limit`` bodies at once, of which at most ``long_cap`` of long jobs.
+    ``wake`` (the claim loop's) is set when a slot frees after the claim loop found none
+    (:meth:`room`)."""
 
     def __init__(self, limit: int, wake: asyncio.Event) -> None:
         self.limit = limit
+        # One slot in four kept for quick bodies (none with a single slot: a long job must
+        # still be able to run).
+        self.long_cap = limit - (max(1, limit // 4) if limit >= 2 else 0)
         self._wake = wake
         self._lock = threading.Lock()  # bodies end in their own threads
         self._busy = 0
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._long = 0  # slots held by long bodies
+        self._long_jobs: set[str] = set()  # jobs whose last body here was long
+        self._waiters: Line = collections.deque()
+        self._long_waiters: Line = collections.deque()
         self._wanted = False
         self.closed = False
 
@@ -36,70 +71,103 @@ class BodyLimit:
     @property
     def waiting(self) -> int:
         """Runs waiting for a slot."""
-        return len(self._waiters)
+        return len(self._waiters) + len(self._long_waiters)
+
+    def is_long(self, job_key: str) -> bool:
+        return job_key in self._long_jobs
+
+    def mark_long(self, job_key: str) -> None:
+        with self._lock:
+            self._long_jobs.add(job_key)
 
     def room(self) -> bool:
-        """Whether a claimed run could begin its body now: a slot free and no run waiting.
-        If not, the claim loop is woken when there is."""
+        """Whether a claimed quick run could begin its body now: a slot free and no quick run
+        waiting (long runs waiting for their share do not stop the claims: they wait behind
+        the long bodies, not behind the slots). If not, the claim loop is woken when there
+        is."""
         if self._waiters or self._busy >= self.limit:
             self._wanted = True
             return False
         return True
 
-    def take(self) -> bool:
-        """Take a slot if one is free and no run waits for one (event loop only)."""
-        if self._waiters or self.closed:
-            return False
+    def take(self, job_key: str) -> Slot | None:
+        """A slot for ``job_key``'s body if one is free and no run of its kind waits for one
+        (event loop only)."""
+        long = job_key in self._long_jobs
+        if self.closed or (self._long_waiters if long else self._waiters):
+            return None
         with self._lock:
-            if self._busy < self.limit:
+            if self._busy < self.limit and (not long or self._long < self.long_cap):
                 self._busy += 1
-                return True
-        return False
+                self._long += long
+                return Slot(job_key, long)
+        return None
 
-    def wait(self) -> asyncio.Future[None]:
-        """A future done when a slot is taken for the caller (cancelled by :meth:`close`)."""
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    def wait(self, job_key: str) -> asyncio.Future[Slot]:
+        """A future done with a slot taken for the caller (cancelled by :meth:`close`)."""
+        future: asyncio.Future[Slot] = asyncio.get_running_loop().create_future()
         if self.closed:
             future.cancel()
-        else:
-            self._waiters.append(future)
+            return future
+        long = job_key in self._long_jobs
+        (self._long_waiters if long else self._waiters).append((future, Slot(job_key, long)))
         return future
 
-    def forget(self, future: asyncio.Future[None]) -> None:
+    def forget(self, future: asyncio.Future[Slot]) -> None:
         """A waiter that stopped waiting (its lease was lost, the worker stops, its task was
         cancelled): out of the line, and the slot given on if one was taken for it."""
-        with contextlib.suppress(ValueError):
-            self._waiters.remove(future)
+        for line in (self._waiters, self._long_waiters):
+            for entry in line:
+                if entry[0] is future:
+                    line.remove(entry)
+                    break
         if future.done() and not future.cancelled():
-            self.release()  # granted as it was cancelled: give the slot on
+            self.release(future.result(), learn=False)  # granted as it was cancelled
         self.grant()  # and the claim loop may have room again
 
-    def release(self) -> None:
-        """A body returned (from any thread). :meth:`grant` hands the slot on."""
+    def release(self, slot: Slot, *, learn: bool = True) -> None:
+        """A body returned (from any thread): its job is long or not by how long it ran.
+        :meth:`grant` hands the slot on."""
+        took = time.monotonic() - slot.began
         with self._lock:
             self._busy -= 1
+            self._long -= slot.long
+            if not learn:
+                return
+            if took >= LONG_BODY:
+                self._long_jobs.add(slot.job_key)
+            elif slot.long:
+                self._long_jobs.discard(slot.job_key)
 
     def grant(self) -> None:
-        """Hand free slots to waiting runs, in order (event loop only)."""
-        waiters = self._waiters
+        """Hand free slots to waiting runs (event loop only): quick runs first, in order,
+        then long ones, in order, within the long bodies' share."""
+        self._grant(self._waiters, self.limit)
+        self._grant(self._long_waiters, self.long_cap)
+        if self._wanted and self._busy < self.limit and not self._waiters:
+            self._wanted = False
+            self._wake.set()
+
+    def _grant(self, waiters: Line, cap: int) -> None:
         while waiters:
-            first = waiters[0]
-            if first.done():  # cancelled while waiting
+            future, slot = waiters[0]
+            if future.done():  # cancelled while waiting
                 waiters.popleft()
                 continue
             with self._lock:
-                if self._busy >= self.limit:
+                if self._busy >= self.limit or (slot.long and self._long >= cap):
                     return
                 self._busy += 1
+                self._long += slot.long
             waiters.popleft()
-            first.set_result(None)
-        if self._wanted and self._busy < self.limit:
-            self._wanted = False
-            self._wake.set()
+            slot.began = time.monotonic()
+            future.set_result(slot)
 
     def close(self) -> None:
         """The worker stops: every wait ends (those runs are handed over, bodies not run)."""
         self.closed = True
-        waiters, self._waiters = self._waiters, collections.deque()
-        for future in waiters:
-            future.cancel()
+        lines = (self._waiters, self._long_waiters)
+        self._waiters, self._long_waiters = collections.deque(), collections.deque()
+        for line in lines:
+            for future, _slot in line:
+                future.cancel()

@@ -127,8 +127,9 @@ class Claimer(OnClient):
                     await self._wake.wait()
 
     def _room(self) -> int:
-        """How many jobs the next claim may take: none while every body slot is busy or a run
-        waits for one (more claims would only hold leases that other workers could run);
+        """How many jobs the next claim may take: none while every body slot is busy or a
+        quick run waits for one (more claims would only hold leases that other workers could
+        run; a long run waiting for the long bodies' share stops nothing, see bodies.py);
         else claimed runs whose bodies have not begun (claimed ahead of their slots, being
         started, waiting for a body slot) up to ``claim_ahead``, ended runs whose end is not
         recorded up to ``finish_backlog``. Whichever frees room wakes the loop."""

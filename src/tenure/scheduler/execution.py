@@ -22,12 +22,13 @@ import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from .. import tracing
 from ..errors import LeaseLost, StaleTokenError
 from ..leases._async.lease import AsyncLease
-from .bodies import BodyLimit
+from .bodies import BodyLimit, Slot
 from .claim import RunIdentity, run_fields
 from .context import JobContext
 from .isolation import ChildFailed, run_isolated
@@ -126,10 +127,12 @@ async def _execute(run: Run, limit: BodyLimit) -> tuple[str, str | None, float]:
         # could still commit while the slot is retried as lost (two runs of one slot).
         await lease.stop_keeping()
         return "lease_lost", f"answered after the lease's local deadline: {lease.lost_reason}", 0.0
+    slot: Slot | None = None
     try:
         kept = False
-        if not limit.take():
-            kept = await _wait_for_slot(run, limit)
+        slot = limit.take(key)
+        if slot is None:
+            kept, slot = await _wait_for_slot(run, limit)
             began = loop.time()
         holding = True
         if run.spec.isolation == "process":
@@ -141,7 +144,7 @@ async def _execute(run: Run, limit: BodyLimit) -> tuple[str, str | None, float]:
                 _guarded(run.spec.fn, ctx, lambda: run.shutdown or lease.lost)
             )
         else:
-            body = in_thread(run.spec.fn, ctx, f"tenure-job-{key}", limit.release)
+            body = in_thread(run.spec.fn, ctx, f"tenure-job-{key}", partial(limit.release, slot))
             released_by_thread = True
         # Renew every ttl/3 and mark the lease lost at its local deadline (cancelling an
         # async or isolated body then), from ttl/3 on: nothing can be due before, and most
@@ -200,21 +203,22 @@ async def _execute(run: Run, limit: BodyLimit) -> tuple[str, str | None, float]:
     finally:
         if keeper is not None:
             keeper.cancel()
-        if holding:
+        if holding and slot is not None:
             if not released_by_thread:
-                limit.release()
+                limit.release(slot)
             limit.grant()
         await lease.stop_keeping()
     return outcome, error, loop.time() - began
 
 
-async def _wait_for_slot(run: Run, limit: BodyLimit) -> bool:
-    """Wait in line for a body slot (every one was busy when the run's slot came), the lease
-    renewed meanwhile from ttl/3 on as for a body; returns whether its keeper started. A
-    lost lease or a stop ends the wait by raising CancelledError: the body never runs."""
+async def _wait_for_slot(run: Run, limit: BodyLimit) -> tuple[bool, Slot]:
+    """Wait in line for a body slot (every one was busy when the run's slot came, or its
+    job's long bodies had their share), the lease renewed meanwhile from ttl/3 on as for a
+    body; returns whether its keeper started, and the slot. A lost lease or a stop ends the
+    wait by raising CancelledError: the body never runs."""
     loop = asyncio.get_running_loop()
     lease = run.lease
-    waiting = limit.wait()
+    waiting = limit.wait(run.ident.job_key)
     run.body = waiting  # a stopping worker cancels it as it would a body
     lease.on_lost(lambda _lease: waiting.cancel())
     kept: list[bool] = []
@@ -226,7 +230,7 @@ async def _wait_for_slot(run: Run, limit: BodyLimit) -> bool:
     due = lease.deadline_in - lease.ttl * 2 / 3 + lease.safety_margin  # acquire + ttl/3
     keeper = loop.call_later(max(0.0, due), keep)
     try:
-        await waiting
+        slot = await waiting
     except asyncio.CancelledError:
         limit.forget(waiting)
         if limit.closed:
@@ -235,10 +239,10 @@ async def _wait_for_slot(run: Run, limit: BodyLimit) -> bool:
     finally:
         keeper.cancel()
     if lease.lost or run.shutdown:  # lost as the slot came: the slot goes on to the next
-        limit.release()
+        limit.release(slot, learn=False)
         limit.grant()
         raise asyncio.CancelledError
-    return bool(kept)
+    return bool(kept), slot
 
 
 def _keep(lease: AsyncLease, body: asyncio.Future[Any], cancel_body: bool) -> None:
