@@ -320,6 +320,10 @@ def measure(
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
     try:
         env = worker_env(dsn, schedule, jobs, args, src)
+        began_dir = logdir / f"began-{tag}-{dbname}"
+        if args.body == "mixed":
+            began_dir.mkdir()
+            env["BENCH_BEGAN_DIR"] = str(began_dir)
         # With the side's own tenure: a side older than this checkout refuses a schema that
         # this checkout's migrations made newer than it knows.
         subprocess.run(
@@ -430,6 +434,9 @@ def measure(
             admin.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname))
             )
+    body_late = None
+    if args.body == "mixed":
+        body_late = began_lateness(began_dir, t0.timestamp(), end.timestamp())
     kept = None
     if any(code != 0 for code in codes):  # keep the logs of a worker that did not stop cleanly
         kept = Path(tempfile.mkdtemp(prefix=f"tenure-scale-{tag}-"))
@@ -476,8 +483,28 @@ def measure(
             "p50_ms": round(float(noop[1] or 0) * 1000, 1),
             "p99_ms": round(float(noop[2] or 0) * 1000, 1),
             "max_ms": round(float(noop[3] or 0) * 1000, 1),
+            "body": body_late,
         },
     }
+
+
+def began_lateness(folder: Path, t0: float, end: float) -> dict[str, Any]:
+    """The no-op bodies' own starts (bench_scheduler's BENCH_BEGAN_DIR lines): seconds from
+    each slot in [t0, end) to its body's first line, as p50 / p99 / max in ms."""
+    late: list[float] = []
+    for path in folder.glob("began-*.txt"):
+        for line in path.read_text().splitlines():
+            slot, began = map(float, line.split())
+            if t0 <= slot < end:
+                late.append(began - slot)
+    late.sort()
+    if not late:
+        return {"runs": 0, "p50_ms": None, "p99_ms": None, "max_ms": None}
+
+    def ms(q: float) -> float:
+        return round(late[min(len(late) - 1, int(q * len(late)))] * 1000, 1)
+
+    return {"runs": len(late), "p50_ms": ms(0.5), "p99_ms": ms(0.99), "max_ms": ms(1.0)}
 
 
 def reference_loop() -> float:
@@ -587,6 +614,7 @@ def main() -> None:
         if any(r["costs"] or r["noop"] for r in results):
             head = (
                 "| side | body | asked/s | workers | no-op late p50 / p99 / max ms "
+                "| no-op bodies began late p50 / p99 / max ms "
                 "| worker CPU ms/run | server CPU ms/run | xacts/run | row writes/run "
                 "| WAL B/run | loop s |"
             )
@@ -596,8 +624,15 @@ def main() -> None:
             for r in results:
                 c, o = r["costs"] or {}, r["noop"]
                 late = "-" if o is None else f"{o['p50_ms']:,} / {o['p99_ms']:,} / {o['max_ms']:,}"
+                b = (o or {}).get("body")
+                began = (
+                    "-"
+                    if not b or not b["runs"]
+                    else (f"{b['p50_ms']:,} / {b['p99_ms']:,} / {b['max_ms']:,}")
+                )
                 print(
                     f"| {r['side']} | {r['body']} | {r['rate']:,} | {r['workers']} | {late} | "
+                    f"{began} | "
                     f"{c.get('worker_cpu_ms', '-')} | {c.get('server_cpu_ms', '-')} | "
                     f"{c.get('xacts', '-')} | {c.get('row_writes', '-')} | "
                     f"{c.get('wal_bytes', '-')} | {r['loop_s']} |"

@@ -70,16 +70,33 @@ def _burn100(ctx: tenure.JobContext) -> None:
         pass
 
 
+#: BENCH_BEGAN_DIR (bench_scale.py --body mixed): each no-op body's slot and the time it
+#: began (this machine's clock, as the database's: one host), one line per run written at
+#: once (a worker that gives up on a sleeper at shutdown exits without flushing buffers),
+#: because a run's recorded start precedes any wait for a body slot.
+_began_fd: list[int] = []
+
+
+def _noop_timed(ctx: tenure.JobContext) -> None:
+    os.write(_began_fd[0], f"{ctx.slot.timestamp()} {time.time()}\n".encode())
+
+
 def body_for(i: int, default: Any) -> Any:
     """BENCH_BODY=mixed (bench_scale.py --body mixed): job i % 10 == 0 sleeps 2 s, job
     i % 100 == 1 burns 100 ms of CPU, the rest are no-ops (the SQL in bench_scale.py's
-    ``NOOP_KEYS`` picks the same keys)."""
+    ``NOOP_KEYS`` picks the same keys) that note when their bodies began."""
     if os.environ.get("BENCH_BODY") != "mixed":
         return default
     if i % 10 == 0:
         return _sleep2
     if i % 100 == 1:
         return _burn100
+    began = os.environ.get("BENCH_BEGAN_DIR")
+    if began:
+        if not _began_fd:
+            path = Path(began) / f"began-{os.getpid()}.txt"
+            _began_fd.append(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
+        return _noop_timed
     return default
 
 

@@ -289,6 +289,21 @@ def test_unfinished_run_is_retried_with_the_next_attempt() -> None:
     assert p.next_slot is None and "retried with token 5" in (p.prior_error or "")
 
 
+def test_an_ended_run_whose_end_was_late_is_not_retried_and_the_next_slot_runs() -> None:
+    s = state(
+        T0 + MINUTE, running_slot=T0, running_kind="scheduled", running_token=4,
+        prior_ended=True,
+    )  # fmt: skip
+    p = plan(EVERY_MINUTE, Policy(), s, T0 + MINUTE + dt.timedelta(seconds=1), token=5)
+    assert (p.run_slot, p.run_kind, p.done_slot, p.prior_token) == (
+        T0 + MINUTE,
+        "scheduled",
+        T0,
+        4,
+    )
+    assert "not run again" in (p.prior_error or "") and not p.skipped
+
+
 def test_unfinished_run_is_abandoned_with_on_crash_skip_and_after_max_attempts() -> None:
     s = state(T0 + MINUTE, running_slot=T0, running_kind="scheduled", running_token=4)
     p = plan(EVERY_MINUTE, Policy(on_crash="skip"), s, T0 + dt.timedelta(seconds=40), token=5)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -177,6 +178,14 @@ class Claimer(OnClient):
         foreign: list[Claim] = []
         for claim in claims:
             metrics.emit(metrics.ACQUIRE, claim.job_key, "acquired")
+            prior = claim.state.running_token
+            if prior is not None and self.finisher.ended_unrecorded(claim.job_key, prior):
+                # This worker's own run, whose body ended and whose end did not reach the
+                # database before its lease expired (a stall, a lock): its slot ran, it is
+                # not retried.
+                claim = dataclasses.replace(
+                    claim, state=dataclasses.replace(claim.state, prior_ended=True)
+                )
             spec = self._spec(claim)
             if spec is None:
                 foreign.append(claim)

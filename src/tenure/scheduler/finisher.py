@@ -7,6 +7,7 @@ leaves the worker's table of runs and the claim loop wakes."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 
@@ -25,6 +26,8 @@ log = logging.getLogger("tenure.scheduler")
 FINISH_BATCH = 1000
 #: Seconds: under load, the finisher sends at most one statement this often.
 FINISH_EVERY = 0.05
+#: Most given-up ends remembered (:attr:`Finisher.unrecorded`).
+UNRECORDED_KEPT = 10_000
 #: Seconds: a run still going this long after its start gets its history row now (outcome
 #: 'running', completed by its finish), so that history and the dashboard show it; a shorter
 #: run's row is written once, at its end (migration 12).
@@ -59,6 +62,20 @@ class Finisher(OnClient):
         self._stopping = False
         self.runs = 0
         self.handed_over = 0
+        #: Runs whose bodies ended (succeeded or failed) and whose end could not be recorded,
+        #: newest last: a claim that takes such a job back does not run that slot again.
+        self.unrecorded: collections.OrderedDict[tuple[str, int], None] = collections.OrderedDict()
+
+    def ended_unrecorded(self, job_key: str, token: int) -> bool:
+        """Whether this worker's run ``(job_key, token)`` has ended, done, with its end on
+        its way to the database or given up (see :attr:`unrecorded`)."""
+        run = self.running.get((job_key, token))
+        if run is not None:
+            return run.ended and run.done
+        if (job_key, token) in self.unrecorded:
+            del self.unrecorded[(job_key, token)]  # the claim's start records it
+            return True
+        return False
 
     def stop(self) -> None:
         """The worker is stopping: send what is queued without pausing."""
@@ -72,6 +89,7 @@ class Finisher(OnClient):
         done = outcome in ("succeeded", "failed")
         item = Finished(run.ident, done, outcome, error)
         run.ended = True
+        run.done = done
         self.backlog += 1
         self._finishing.append((item, run, duration))
         if len(self._finishing) >= self._full:
@@ -144,6 +162,7 @@ class Finisher(OnClient):
                             exc,
                             extra=run_fields(f.ident.job_key, f.ident.token, f.ident.slot),
                         )
+                    self._given_up(ordered)
                     return {}
                 await asyncio.sleep(0.5)
             except TenureError as exc:
@@ -154,6 +173,7 @@ class Finisher(OnClient):
                         exc,
                         extra=run_fields(f.ident.job_key, f.ident.token, f.ident.slot),
                     )
+                self._given_up(ordered)
                 return {}
         recorded: dict[tuple[str, int], str] = {}
         by_key = {(f.ident.job_key, f.ident.token): f for f in ordered}
@@ -174,6 +194,13 @@ class Finisher(OnClient):
                     extra=run_fields(key, token, f.ident.slot),
                 )
         return recorded
+
+    def _given_up(self, batch: list[Finished]) -> None:
+        for f in batch:
+            if f.done:
+                self.unrecorded[(f.ident.job_key, f.ident.token)] = None
+        while len(self.unrecorded) > UNRECORDED_KEPT:
+            self.unrecorded.popitem(last=False)
 
     async def rows_in_progress(self) -> None:
         """Write the 'running' history rows of runs that outlived :data:`RUNNING_ROW_AFTER`,

@@ -357,6 +357,10 @@ class JobState:
     #: When the lease before this claim ended: with ``Policy.overlap``, slots up to it came
     #: while the previous run still held the job.
     freed_at: dt.datetime | None = None
+    #: The unfinished run is the claiming worker's own and its body has ended: its end is on
+    #: its way to the database but was not recorded before its lease expired (a stall longer
+    #: than the TTL). Its slot has run: it is not run again.
+    prior_ended: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -474,7 +478,17 @@ def plan(schedule: Schedule, policy: Policy, state: JobState, now: dt.datetime, 
     streak = state.crash_streak
     unscheduled = ("manual", "backfill")  # kinds whose slot is not one the schedule moves past
 
-    if state.running_slot is not None:
+    if state.running_slot is not None and state.prior_ended:
+        # Its body ran; only the record of its end is missing or late: the slot is past, as
+        # after any run (the start writes its history row if its own finish has not).
+        prior_token = state.running_token
+        prior_error = (
+            f"the run with token {prior_token} ended, but its end was not recorded before its "
+            "lease expired (the database was slow or unreachable); its slot is not run again"
+        )
+        if state.running_kind not in unscheduled:
+            done = state.running_slot
+    elif state.running_slot is not None:
         prior_token = state.running_token
         attempt = (state.running_attempt or 1) + 1
         if state.prior_gone:

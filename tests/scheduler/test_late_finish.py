@@ -1,0 +1,86 @@
+"""A run whose body ended but whose end reached the database only after its lease expired
+is not run again by its own worker (found by tests/ha/test_late_claim.py in CI: a stall
+that began while a finish was in flight let the worker's next claim retake the job and
+retry the slot that had already run and committed).
+
+Here the finish is held up on purpose: the test locks ``job_runs`` (EXCLUSIVE: reads go on,
+writes wait) after the body has begun, opens the gate, and keeps the lock past the lease's
+TTL, so the worker's claim retakes the job while the finish of its own ended run waits
+behind the lock. Real worker process, real PostgreSQL locks."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+import tenure
+from tenure.db.channels import channel
+from tenure.scheduler import jobs as ops
+from tests.support.env import tenure_env
+from tests.support.scheduler_apps import gated_app
+from tests.support.scheduler_support import WorkerProcess, prepare, query, wait_for
+
+TTL = 1.5  # the gated jobs' lease TTL (scheduler_apps' SCHED_TTL default)
+
+
+def _phases(dsn: str, schema: str) -> list[tuple[str, int]]:
+    return [
+        (r[0], r[1])
+        for r in query(
+            dsn,
+            schema,
+            "SELECT phase, token FROM {schema}.evidence WHERE job_key = 'gate-a' ORDER BY at",
+        )
+    ]
+
+
+def test_an_ended_run_whose_finish_is_late_is_not_run_again_by_its_worker(
+    dsn: str, schema: str, tmp_path: Path
+) -> None:
+    prepare(dsn, schema)
+    gated_app(dsn, schema).register()
+    env = tenure_env(dsn, schema, SCHED_GATE=str(tmp_path / "gate"))
+    w = WorkerProcess("gated", env, tmp_path / "worker.log", args=["--shutdown-grace", "1s"])
+    try:
+        w.wait_started()
+        with tenure.connect(dsn, schema=schema) as client:
+            ops.trigger(client, "gate-a", channel=channel("jobs", schema))
+        wait_for(lambda: _phases(dsn, schema), timeout=20, what="the body to begin")
+        with psycopg.connect(dsn) as locker:
+            locker.execute(
+                sql.SQL("LOCK TABLE {}.job_runs IN EXCLUSIVE MODE").format(sql.Identifier(schema))
+            )
+            (tmp_path / "gate").touch()  # the body ends; its finish waits behind the lock
+            wait_for(
+                lambda: ("finished", _phases(dsn, schema)[0][1]) in _phases(dsn, schema),
+                timeout=20,
+                what="the body to end",
+            )
+            # The lease expires with the finish still waiting; the worker's claim retakes
+            # the job (claims only read job_runs) and its start waits behind the lock too.
+            retaken = wait_for(
+                lambda: query(
+                    dsn,
+                    schema,
+                    "SELECT fencing_token FROM {schema}.job_leases "
+                    "WHERE job_key = 'gate-a' AND fencing_token > %s",
+                    (_phases(dsn, schema)[0][1],),
+                ),
+                timeout=4 * TTL + 10,
+                what="the job to be claimed again",
+            )
+            assert retaken
+            time.sleep(0.5)
+            locker.rollback()
+        # Whatever the worker does next happens within a lease or two.
+        time.sleep(3 * TTL)
+        w.signal(signal.SIGTERM)
+        assert w.wait() == 0, w.log()
+    finally:
+        w.stop()
+    phases = _phases(dsn, schema)
+    assert [p for p, _ in phases] == ["started", "finished"], (phases, w.log())
