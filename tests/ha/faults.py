@@ -10,6 +10,7 @@ time budget): see tests/ha/test_patroni_*.py.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -21,6 +22,7 @@ from pathlib import Path
 from tenure.verify import VerifyConfig, VerifyResult
 from tenure.verify import run as verify_run
 from tenure.verify.config import RESTART
+from tests.support.env import run_tenure
 
 from .cluster import PatroniCluster
 from .workload import Recovery, Workload
@@ -106,6 +108,19 @@ def _wait(predicate: Callable[[], object], timeout: float, what: str) -> None:
         time.sleep(0.2)
 
 
+def answered_by_leader(c: PatroniCluster, load: Workload, timeline: int) -> None:
+    """``tenure status`` through the endpoint names the member that is Patroni's leader now,
+    and the new timeline (issue 30): after the fault, not the member that led before."""
+    leader = c.leader()
+    assert leader is not None
+    out = run_tenure(["status", "--json"], load.env)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    assert rows, out.stdout
+    seen = {(r["answered_by"], r["timeline"], r["standby"]) for r in rows}
+    assert seen == {(f"127.0.0.1:{c.member(leader).pg_port}", timeline, False)}, (leader, seen)
+
+
 def run_fault(c: PatroniCluster, fault: str) -> tuple[str, Recovery]:
     """One fault under load; asserts the checks; returns what was done and the recovery.
     ``fault`` is a name of :data:`FAULTS`, with ``@multihost`` when the clients connect with
@@ -133,6 +148,7 @@ def run_fault(c: PatroniCluster, fault: str) -> tuple[str, Recovery]:
         # Every one of these faults ends with a promotion (Patroni promotes even the crashed
         # leader it restarts in place): a fault that changed nothing tested nothing.
         assert timeline > before, f"{what}: still on timeline {before}"
+        answered_by_leader(c, load, timeline)
         _wait(
             lambda: all(v is not None for v in vars(load.recovery(fault_t, timeline)).values()),
             RECOVERY_TIMEOUT,
