@@ -19,6 +19,8 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import psycopg
+
 from tenure.verify import VerifyConfig, VerifyResult
 from tenure.verify import run as verify_run
 from tenure.verify.config import RESTART
@@ -92,12 +94,47 @@ def lagging_failover(c: PatroniCluster) -> str:
     return f"{leader} crashed whole after its standbys got no WAL for 2 s"
 
 
+def etcd_leader_and_postmaster(c: PatroniCluster) -> str:
+    """With a three-member etcd: SIGKILL the etcd leader and the Patroni leader's postmaster
+    at once. The two etcd members left elect a leader; Patroni restarts or replaces its
+    PostgreSQL through them. Once the cluster is healthy on a new timeline, with one etcd
+    member still down, that member is started again and rejoins."""
+    assert len(c.etcd) >= 3, "needs a three-member etcd (ETCD_MEMBERS = 3)"
+    etcd, leader = c.etcd_leader(), c.leader()
+    assert etcd is not None and leader is not None
+    before = c.timeline()
+    t0 = time.monotonic()
+    c.kill_etcd(etcd)
+    c.kill_postmaster(leader)
+    c._wait(lambda: c.etcd_leader() not in (None, etcd), 30, "a new etcd leader")
+    elected = time.monotonic() - t0
+
+    def promoted() -> bool:
+        try:
+            return c.healthy() and c.timeline() > before
+        except psycopg.Error:
+            return False
+
+    c._wait(promoted, 90, "a healthy cluster on a new timeline with one etcd member down")
+    healed = time.monotonic() - t0
+    c.revive_etcd(etcd)
+    c._wait(lambda: all(e.healthy() for e in c.etcd), 30, f"etcd {etcd.name} to rejoin")
+    return (
+        f"kill -9 of etcd leader {etcd.name} and {leader}'s postmaster at once (etcd leader "
+        f"again after {elected:.1f}s, cluster healthy on 2 of 3 etcd after {healed:.1f}s)"
+    )
+
+
 FAULTS: dict[str, Callable[[PatroniCluster], str]] = {
     "kill9": kill_postmaster,
     "switchover": switchover,
     "failover": failover,
     "partition": partition,
     "lagging": lagging_failover,
+}
+#: Faults that need a three-member etcd (a module with ``ETCD_MEMBERS = 3``): not in EVERY.
+ETCD_FAULTS: dict[str, Callable[[PatroniCluster], str]] = {
+    "etcd-kill9": etcd_leader_and_postmaster,
 }
 
 
@@ -142,7 +179,7 @@ def run_fault(c: PatroniCluster, fault: str) -> tuple[str, Recovery]:
         assert not load.running(), load.running()
         before = c.timeline()
         fault_t = time.time()
-        what = FAULTS[fault](c)
+        what = {**FAULTS, **ETCD_FAULTS}[fault](c)
         c.wait_healthy()
         timeline = c.timeline()
         # Every one of these faults ends with a promotion (Patroni promotes even the crashed
