@@ -13,6 +13,11 @@
   advertised addresses): :meth:`PatroniCluster.partition` blackholes one member's proxies, which
   partitions that member's Patroni from etcd while PostgreSQL replication and the clients
   still reach it. No network namespace and no firewall rule is needed.
+* With ``client_proxies=True``, the clients reach each member through two more proxies of
+  its own, one to its PostgreSQL and one to its REST API (HAProxy's health check):
+  :meth:`PatroniCluster.cut_clients` blackholes both, which cuts that member off the
+  clients (HAProxy and the multi-host DSN) while Patroni, etcd and replication still reach
+  it. Without it, HAProxy and the multi-host DSN connect to the members directly.
 * HAProxy (Debian ``haproxy``) in front: one read-write port whose health check is Patroni's
   REST ``GET /primary`` on each member (200 only on the leader), ``on-marked-down
   shutdown-sessions`` so clients of a demoted primary are cut. :attr:`dsn` goes through it;
@@ -169,6 +174,22 @@ class Member:
     #: One proxy per etcd member, in the etcd members' order.
     etcd_proxies: list[Proxy]
     proc: subprocess.Popen[bytes] | None = None
+    #: With client_proxies: the clients' way to its PostgreSQL and to its REST API.
+    pg_proxy: Proxy | None = None
+    api_proxy: Proxy | None = None
+
+    @property
+    def client_proxies(self) -> list[Proxy]:
+        return [p for p in (self.pg_proxy, self.api_proxy) if p is not None]
+
+    @property
+    def client_pg_port(self) -> int:
+        """The port clients connect to for this member's PostgreSQL."""
+        return self.pg_port if self.pg_proxy is None else self.pg_proxy.port
+
+    @property
+    def client_api_port(self) -> int:
+        return self.api_port if self.api_proxy is None else self.api_proxy.port
 
     @property
     def datadir(self) -> Path:
@@ -196,7 +217,12 @@ class Member:
 
 class PatroniCluster:
     def __init__(
-        self, *, synchronous: bool = False, members: int = 3, etcd_members: int = 1
+        self,
+        *,
+        synchronous: bool = False,
+        members: int = 3,
+        etcd_members: int = 1,
+        client_proxies: bool = False,
     ) -> None:
         bindir = pg_bindir()
         assert bindir is not None
@@ -220,14 +246,17 @@ class PatroniCluster:
         for i in range(members):
             base = self.base / f"m{i}"
             base.mkdir()
+            pg_port, api_port = free_port(), free_port()
             self.members.append(
                 Member(
                     name=f"m{i}",
-                    pg_port=free_port(),
-                    api_port=free_port(),
+                    pg_port=pg_port,
+                    api_port=api_port,
                     base=base,
                     config=base / "patroni.yml",
                     etcd_proxies=[Proxy("127.0.0.1", e.client_port) for e in self.etcd],
+                    pg_proxy=Proxy("127.0.0.1", pg_port) if client_proxies else None,
+                    api_proxy=Proxy("127.0.0.1", api_port) if client_proxies else None,
                 )
             )
 
@@ -241,7 +270,7 @@ class PatroniCluster:
     @property
     def multi_host_dsn(self) -> str:
         hosts = ",".join("127.0.0.1" for _ in self.members)
-        ports = ",".join(str(m.pg_port) for m in self.members)
+        ports = ",".join(str(m.client_pg_port) for m in self.members)
         return (
             f"host={hosts} port={ports} user=postgres dbname=postgres "
             "target_session_attrs=read-write connect_timeout=2"
@@ -256,7 +285,7 @@ class PatroniCluster:
         try:
             self._start_etcd()
             for m in self.members:
-                for proxy in m.etcd_proxies:
+                for proxy in [*m.etcd_proxies, *m.client_proxies]:
                     proxy.start()
                 self._write_config(m)
             # The first member bootstraps; the others clone it once it leads.
@@ -364,7 +393,7 @@ class PatroniCluster:
 
     def _start_haproxy(self) -> None:
         servers = "\n".join(
-            f"    server {m.name} 127.0.0.1:{m.pg_port} check port {m.api_port}"
+            f"    server {m.name} 127.0.0.1:{m.client_pg_port} check port {m.client_api_port}"
             for m in self.members
         )
         cfg = self.base / "haproxy.cfg"
@@ -399,7 +428,9 @@ listen rw
                 os.kill(m.postmaster_pid(), signal.SIGKILL)
         # Each proxy takes up to 2 s to join its threads: all at once.
         stoppers = [
-            threading.Thread(target=proxy.stop) for m in self.members for proxy in m.etcd_proxies
+            threading.Thread(target=proxy.stop)
+            for m in self.members
+            for proxy in [*m.etcd_proxies, *m.client_proxies]
         ]
         for t in stoppers:
             t.start()
@@ -554,6 +585,22 @@ listen rw
 
     def heal(self, name: str) -> None:
         for proxy in self.member(name).etcd_proxies:
+            proxy.heal()
+
+    def cut_clients(self, name: str) -> None:
+        """Cut member ``name`` off the clients (needs ``client_proxies``): its PostgreSQL
+        and REST API proxies blackhole, as a silent network does: open connections hang
+        (no reset) and new ones get no answer; HAProxy's health check of it times out.
+        Patroni, etcd and replication still reach it, so nothing fails over."""
+        m = self.member(name)
+        assert m.client_proxies, "the cluster was started without client_proxies"
+        for proxy in m.client_proxies:
+            proxy.blackhole()
+
+    def heal_clients(self, name: str) -> None:
+        """End :meth:`cut_clients`: as TCP retransmission would, bytes sent during the cut
+        are delivered now, late."""
+        for proxy in self.member(name).client_proxies:
             proxy.heal()
 
     # -- etcd -----------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 started by the module's first test and killed after its last, failing or not.
 
 A module sets ``SYNCHRONOUS = True`` for Patroni's ``synchronous_mode``, and
-``ETCD_MEMBERS = 3`` for a three-member etcd (one by default). Skipped, with the
+``ETCD_MEMBERS = 3`` for a three-member etcd (one by default), ``CLIENT_PROXIES = True`` for
+the clients to reach the members through proxies that can cut one off the clients. Skipped, with the
 reason, when patroni, etcd or haproxy is missing (``scripts/test`` installs them as root).
 """
 
@@ -23,5 +24,6 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[PatroniCluster]:
     with PatroniCluster(
         synchronous=getattr(request.module, "SYNCHRONOUS", False),
         etcd_members=getattr(request.module, "ETCD_MEMBERS", 1),
+        client_proxies=getattr(request.module, "CLIENT_PROXIES", False),
     ) as c:
         yield c

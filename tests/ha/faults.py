@@ -32,6 +32,12 @@ from .workload import Recovery, Workload
 WARM_UP_TIMEOUT = 60.0
 RECOVERY_TIMEOUT = 60.0
 STEADY = 2.0  # seconds of load before the fault and after the recovery
+#: How long cut_clients cuts the leader off the clients: over the load's TTLs (6 s), so that
+#: every lease held at the cut expires by the database clock during it.
+CLIENT_CUT = 12.0
+#: A run whose claim was answered just before the cut may start, and a tenure exec child
+#: write its line, this long after it.
+CUT_GRACE = 1.0
 ALL = os.environ.get("TENURE_HA_ALL", "") not in ("", "0")
 
 
@@ -132,9 +138,32 @@ FAULTS: dict[str, Callable[[PatroniCluster], str]] = {
     "partition": partition,
     "lagging": lagging_failover,
 }
+
+
+def cut_clients(c: PatroniCluster) -> str:
+    """Cut the leader off the clients only, for CLIENT_CUT seconds (longer than every TTL of
+    the load), then heal. Patroni, etcd and the replicas still reach it, so it stays the
+    leader: nothing fails over, the clients' leases expire, and work stops until the heal."""
+    leader = c.leader()
+    assert leader is not None
+    c.cut_clients(leader)
+    try:
+        time.sleep(CLIENT_CUT)
+        assert c.leader() == leader, f"{c.leader()} leads: the cut caused a failover"
+    finally:
+        c.heal_clients(leader)
+    return f"{leader} cut off the clients for {CLIENT_CUT:g}s"
+
+
 #: Faults that need a three-member etcd (a module with ``ETCD_MEMBERS = 3``): not in EVERY.
 ETCD_FAULTS: dict[str, Callable[[PatroniCluster], str]] = {
     "etcd-kill9": etcd_leader_and_postmaster,
+}
+#: Faults that need the clients' proxies (a module with ``CLIENT_PROXIES = True``), and
+#: that do not fail over: the cluster ends on the same leader and timeline, and nothing
+#: through the endpoint succeeds while the cut lasts. Not in EVERY.
+CLIENT_FAULTS: dict[str, Callable[[PatroniCluster], str]] = {
+    "clientcut": cut_clients,
 }
 
 
@@ -177,14 +206,22 @@ def run_fault(c: PatroniCluster, fault: str) -> tuple[str, Recovery]:
         )
         time.sleep(STEADY)
         assert not load.running(), load.running()
-        before = c.timeline()
+        before, leader = c.timeline(), c.leader()
         fault_t = time.time()
-        what = {**FAULTS, **ETCD_FAULTS}[fault](c)
+        what = {**FAULTS, **ETCD_FAULTS, **CLIENT_FAULTS}[fault](c)
+        end_t = time.time()
         c.wait_healthy()
         timeline = c.timeline()
-        # Every one of these faults ends with a promotion (Patroni promotes even the crashed
-        # leader it restarts in place): a fault that changed nothing tested nothing.
-        assert timeline > before, f"{what}: still on timeline {before}"
+        if fault in CLIENT_FAULTS:
+            # No failover: the same leader on the same timeline, and no work done while cut.
+            assert (timeline, c.leader()) == (before, leader), (what, timeline, c.leader())
+            done = load.done_between(fault_t, end_t, grace=CUT_GRACE)
+            assert not done, f"{what}: succeeded during the cut:\n" + "\n".join(done[:20])
+            what += f" ({load.cut_outcomes(fault_t, end_t)})"
+        else:
+            # Every one of these faults ends with a promotion (Patroni promotes even the
+            # crashed leader it restarts in place): a fault that changed nothing tested nothing.
+            assert timeline > before, f"{what}: still on timeline {before}"
         answered_by_leader(c, load, timeline)
         _wait(
             lambda: all(v is not None for v in vars(load.recovery(fault_t, timeline)).values()),
@@ -203,6 +240,7 @@ def run_fault(c: PatroniCluster, fault: str) -> tuple[str, Recovery]:
     summary = (
         f"{what} ({'synchronous' if c.synchronous else 'asynchronous'}, "
         f"{'multi-host DSN' if via else 'HAProxy'}): {recovery.describe()}; "
+        f"the fault returned after {end_t - fault_t:.1f}s; "
         f"timeline {timeline}; {report.counts}; lost acknowledged runs {len(report.lost_acks)}"
     )
     print(summary)
