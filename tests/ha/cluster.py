@@ -1,16 +1,23 @@
 """A three-member Patroni cluster on this machine, with etcd and HAProxy, owned by a test.
 
-* etcd: one member (Debian ``etcd-server``), on free loopback ports, data in the temp dir.
+* etcd (Debian ``etcd-server``): one member by default, or three (``etcd_members=3``: a quorum
+  of two survives the loss of any one, :meth:`PatroniCluster.kill_etcd`), on free loopback
+  ports, data in the temp dir.
 * Patroni (Debian ``patroni``), three members ``m0`` ``m1`` ``m2``, each managing a
   PostgreSQL of the machine's newest Debian server binaries (``tests/support/servers.py``
   finds them) on its own free port, data dirs under the temp dir. PostgreSQL refuses to run
   as root, so Patroni (and with it PostgreSQL) runs as the ``postgres`` OS user when the
   tests run as root; the temp dir belongs to that user.
-* Each member reaches etcd through its own TCP proxy (``tests/support/fix_proxy.py``, in
-  this process, with Patroni's ``use_proxies`` so it never bypasses the proxy for etcd's
-  advertised address): :meth:`PatroniCluster.partition` blackholes one member's proxy, which
+* Each member reaches each etcd member through its own TCP proxy (``tests/support/fix_proxy.py``,
+  in this process, with Patroni's ``use_proxies`` so it never bypasses the proxies for etcd's
+  advertised addresses): :meth:`PatroniCluster.partition` blackholes one member's proxies, which
   partitions that member's Patroni from etcd while PostgreSQL replication and the clients
   still reach it. No network namespace and no firewall rule is needed.
+* With ``client_proxies=True``, the clients reach each member through two more proxies of
+  its own, one to its PostgreSQL and one to its REST API (HAProxy's health check):
+  :meth:`PatroniCluster.cut_clients` blackholes both, which cuts that member off the
+  clients (HAProxy and the multi-host DSN) while Patroni, etcd and replication still reach
+  it. Without it, HAProxy and the multi-host DSN connect to the members directly.
 * HAProxy (Debian ``haproxy``) in front: one read-write port whose health check is Patroni's
   REST ``GET /primary`` on each member (200 only on the leader), ``on-marked-down
   shutdown-sessions`` so clients of a demoted primary are cut. :attr:`dsn` goes through it;
@@ -118,14 +125,71 @@ def _children(pid: int) -> list[int]:
 
 
 @dataclass
+class Etcd:
+    """One etcd member."""
+
+    name: str
+    client_port: int
+    peer_port: int
+    data: Path
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def client_url(self) -> str:
+        return f"http://127.0.0.1:{self.client_port}"
+
+    @property
+    def peer_url(self) -> str:
+        return f"http://127.0.0.1:{self.peer_port}"
+
+    def status(self) -> dict[str, Any] | None:
+        """etcd's v3 maintenance status (its member id and the leader it follows), or None
+        when it does not answer."""
+        request = urllib.request.Request(
+            f"{self.client_url}/v3/maintenance/status", data=b"{}", method="POST"
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=1) as resp:
+                body: dict[str, Any] = json.loads(resp.read())
+                return body
+        except (OSError, ValueError):
+            return None
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.client_url}/health", timeout=1) as resp:
+                return bool(json.loads(resp.read()).get("health") == "true")
+        except (OSError, ValueError):
+            return False
+
+
+@dataclass
 class Member:
     name: str
     pg_port: int
     api_port: int
     base: Path
     config: Path
-    etcd_proxy: Proxy
+    #: One proxy per etcd member, in the etcd members' order.
+    etcd_proxies: list[Proxy]
     proc: subprocess.Popen[bytes] | None = None
+    #: With client_proxies: the clients' way to its PostgreSQL and to its REST API.
+    pg_proxy: Proxy | None = None
+    api_proxy: Proxy | None = None
+
+    @property
+    def client_proxies(self) -> list[Proxy]:
+        return [p for p in (self.pg_proxy, self.api_proxy) if p is not None]
+
+    @property
+    def client_pg_port(self) -> int:
+        """The port clients connect to for this member's PostgreSQL."""
+        return self.pg_port if self.pg_proxy is None else self.pg_proxy.port
+
+    @property
+    def client_api_port(self) -> int:
+        return self.api_port if self.api_proxy is None else self.api_proxy.port
 
     @property
     def datadir(self) -> Path:
@@ -152,31 +216,47 @@ class Member:
 
 
 class PatroniCluster:
-    def __init__(self, *, synchronous: bool = False, members: int = 3) -> None:
+    def __init__(
+        self,
+        *,
+        synchronous: bool = False,
+        members: int = 3,
+        etcd_members: int = 1,
+        client_proxies: bool = False,
+    ) -> None:
         bindir = pg_bindir()
         assert bindir is not None
         self.bindir = bindir
         self.synchronous = synchronous
         self.base = _make_dir("tenure-ha-")
         self.scope = f"tenure-{self.base.name[-8:]}"
-        self.etcd_client = free_port()
-        self.etcd_peer = free_port()
-        self.etcd_proc: subprocess.Popen[bytes] | None = None
+        self.etcd = [
+            Etcd(
+                name=f"e{i}",
+                client_port=free_port(),
+                peer_port=free_port(),
+                data=self.base / f"etcd-e{i}",
+                log=self.base / f"etcd-e{i}.log",
+            )
+            for i in range(etcd_members)
+        ]
         self.haproxy_port = free_port()
         self.haproxy_proc: subprocess.Popen[bytes] | None = None
         self.members: list[Member] = []
         for i in range(members):
             base = self.base / f"m{i}"
             base.mkdir()
-            proxy = Proxy("127.0.0.1", self.etcd_client)
+            pg_port, api_port = free_port(), free_port()
             self.members.append(
                 Member(
                     name=f"m{i}",
-                    pg_port=free_port(),
-                    api_port=free_port(),
+                    pg_port=pg_port,
+                    api_port=api_port,
                     base=base,
                     config=base / "patroni.yml",
-                    etcd_proxy=proxy,
+                    etcd_proxies=[Proxy("127.0.0.1", e.client_port) for e in self.etcd],
+                    pg_proxy=Proxy("127.0.0.1", pg_port) if client_proxies else None,
+                    api_proxy=Proxy("127.0.0.1", api_port) if client_proxies else None,
                 )
             )
 
@@ -190,7 +270,7 @@ class PatroniCluster:
     @property
     def multi_host_dsn(self) -> str:
         hosts = ",".join("127.0.0.1" for _ in self.members)
-        ports = ",".join(str(m.pg_port) for m in self.members)
+        ports = ",".join(str(m.client_pg_port) for m in self.members)
         return (
             f"host={hosts} port={ports} user=postgres dbname=postgres "
             "target_session_attrs=read-write connect_timeout=2"
@@ -205,7 +285,8 @@ class PatroniCluster:
         try:
             self._start_etcd()
             for m in self.members:
-                m.etcd_proxy.start()
+                for proxy in [*m.etcd_proxies, *m.client_proxies]:
+                    proxy.start()
                 self._write_config(m)
             # The first member bootstraps; the others clone it once it leads.
             self.members[0].proc = _spawn(
@@ -222,35 +303,32 @@ class PatroniCluster:
         return self
 
     def _start_etcd(self) -> None:
-        data = self.base / "etcd"
-        client = f"http://127.0.0.1:{self.etcd_client}"
-        peer = f"http://127.0.0.1:{self.etcd_peer}"
-        self.etcd_log = self.base / "etcd.log"
-        self.etcd_proc = _spawn(
+        # All members at once: a member of a new three-member cluster waits for a quorum.
+        for e in self.etcd:
+            self._spawn_etcd(e)
+        self._wait(lambda: all(e.healthy() for e in self.etcd), 30, "etcd to answer")
+
+    def _spawn_etcd(self, e: Etcd) -> None:
+        """Start etcd member ``e``; once its data dir exists (a restart), etcd ignores the
+        --initial-* flags and rejoins with what it stored."""
+        cluster = ",".join(f"{o.name}={o.peer_url}" for o in self.etcd)
+        e.proc = _spawn(
             [
                 "etcd",
-                "--name=e0",
-                f"--data-dir={data}",
-                f"--listen-client-urls={client}",
-                f"--advertise-client-urls={client}",
-                f"--listen-peer-urls={peer}",
-                f"--initial-advertise-peer-urls={peer}",
-                f"--initial-cluster=e0={peer}",
+                f"--name={e.name}",
+                f"--data-dir={e.data}",
+                f"--listen-client-urls={e.client_url}",
+                f"--advertise-client-urls={e.client_url}",
+                f"--listen-peer-urls={e.peer_url}",
+                f"--initial-advertise-peer-urls={e.peer_url}",
+                f"--initial-cluster={cluster}",
+                f"--initial-cluster-token={self.scope}",
                 "--initial-cluster-state=new",
                 "--log-level=warn",
                 "--unsafe-no-fsync",
             ],
-            self.etcd_log,
+            e.log,
         )
-
-        def up() -> bool:
-            try:
-                with urllib.request.urlopen(f"{client}/health", timeout=1) as resp:
-                    return bool(json.loads(resp.read()).get("health") == "true")
-            except (OSError, ValueError):
-                return False
-
-        self._wait(up, 30, "etcd to answer")
 
     def _write_config(self, m: Member) -> None:
         conf: dict[str, Any] = {
@@ -262,7 +340,10 @@ class PatroniCluster:
                 "listen": f"127.0.0.1:{m.api_port}",
                 "connect_address": f"127.0.0.1:{m.api_port}",
             },
-            "etcd3": {"hosts": [f"127.0.0.1:{m.etcd_proxy.port}"], "use_proxies": True},
+            "etcd3": {
+                "hosts": [f"127.0.0.1:{proxy.port}" for proxy in m.etcd_proxies],
+                "use_proxies": True,
+            },
             "bootstrap": {
                 "dcs": {
                     "ttl": TTL,
@@ -312,7 +393,7 @@ class PatroniCluster:
 
     def _start_haproxy(self) -> None:
         servers = "\n".join(
-            f"    server {m.name} 127.0.0.1:{m.pg_port} check port {m.api_port}"
+            f"    server {m.name} 127.0.0.1:{m.client_pg_port} check port {m.client_api_port}"
             for m in self.members
         )
         cfg = self.base / "haproxy.cfg"
@@ -346,14 +427,20 @@ listen rw
             with contextlib.suppress(OSError, ValueError, IndexError):
                 os.kill(m.postmaster_pid(), signal.SIGKILL)
         # Each proxy takes up to 2 s to join its threads: all at once.
-        stoppers = [threading.Thread(target=m.etcd_proxy.stop) for m in self.members]
+        stoppers = [
+            threading.Thread(target=proxy.stop)
+            for m in self.members
+            for proxy in [*m.etcd_proxies, *m.client_proxies]
+        ]
         for t in stoppers:
             t.start()
         for t in stoppers:
             t.join(10)
         _kill(self.haproxy_proc)
-        _kill(self.etcd_proc)
-        self.haproxy_proc = self.etcd_proc = None
+        self.haproxy_proc = None
+        for e in self.etcd:
+            _kill(e.proc)
+            e.proc = None
         # Let the killed postmasters' children notice and exit before the files go.
         time.sleep(0.5)
         shutil.rmtree(self.base, ignore_errors=True)
@@ -461,11 +548,11 @@ listen rw
         return self.patronictl("failover", "--candidate", candidate, "--force", self.scope)
 
     def partition(self, name: str) -> None:
-        """Cut member ``name``'s Patroni off etcd (its proxy blackholes, open connections
+        """Cut member ``name``'s Patroni off etcd (its proxies blackhole, open connections
         included); its PostgreSQL still serves replication and clients."""
-        proxy = self.member(name).etcd_proxy
-        proxy.blackhole()
-        proxy.cut()
+        for proxy in self.member(name).etcd_proxies:
+            proxy.blackhole()
+            proxy.cut()
 
     def stop_wal_senders(self, name: str) -> int:
         """SIGSTOP the WAL senders of member ``name`` (the leader): its standbys stop getting
@@ -497,7 +584,47 @@ listen rw
         m.proc = _spawn(["patroni", str(m.config)], m.log, as_postgres=True)
 
     def heal(self, name: str) -> None:
-        self.member(name).etcd_proxy.heal()
+        for proxy in self.member(name).etcd_proxies:
+            proxy.heal()
+
+    def cut_clients(self, name: str) -> None:
+        """Cut member ``name`` off the clients (needs ``client_proxies``): its PostgreSQL
+        and REST API proxies blackhole, as a silent network does: open connections hang
+        (no reset) and new ones get no answer; HAProxy's health check of it times out.
+        Patroni, etcd and replication still reach it, so nothing fails over."""
+        m = self.member(name)
+        assert m.client_proxies, "the cluster was started without client_proxies"
+        for proxy in m.client_proxies:
+            proxy.blackhole()
+
+    def heal_clients(self, name: str) -> None:
+        """End :meth:`cut_clients`: as TCP retransmission would, bytes sent during the cut
+        are delivered now, late."""
+        for proxy in self.member(name).client_proxies:
+            proxy.heal()
+
+    # -- etcd -----------------------------------------------------------------------------
+
+    def etcd_leader(self) -> Etcd | None:
+        """The etcd member that leads the etcd cluster now, as the first one that answers
+        says."""
+        for e in self.etcd:
+            status = e.status() if e.proc is not None else None
+            if status and status.get("leader"):
+                leader = str(status["leader"])
+                for o in self.etcd:
+                    st = o.status() if o.proc is not None else None
+                    if st and str(st.get("header", {}).get("member_id")) == leader:
+                        return o
+        return None
+
+    def kill_etcd(self, e: Etcd) -> None:
+        """SIGKILL etcd member ``e`` (nothing restarts it until :meth:`revive_etcd`)."""
+        _kill(e.proc)
+        e.proc = None
+
+    def revive_etcd(self, e: Etcd) -> None:
+        self._spawn_etcd(e)
 
     def __enter__(self) -> PatroniCluster:
         return self.start()

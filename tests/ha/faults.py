@@ -10,6 +10,7 @@ time budget): see tests/ha/test_patroni_*.py.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -18,9 +19,12 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import psycopg
+
 from tenure.verify import VerifyConfig, VerifyResult
 from tenure.verify import run as verify_run
 from tenure.verify.config import RESTART
+from tests.support.env import run_tenure
 
 from .cluster import PatroniCluster
 from .workload import Recovery, Workload
@@ -28,6 +32,12 @@ from .workload import Recovery, Workload
 WARM_UP_TIMEOUT = 60.0
 RECOVERY_TIMEOUT = 60.0
 STEADY = 2.0  # seconds of load before the fault and after the recovery
+#: How long cut_clients cuts the leader off the clients: over the load's TTLs (6 s), so that
+#: every lease held at the cut expires by the database clock during it.
+CLIENT_CUT = 12.0
+#: A run whose claim was answered just before the cut may start, and a tenure exec child
+#: write its line, this long after it.
+CUT_GRACE = 1.0
 ALL = os.environ.get("TENURE_HA_ALL", "") not in ("", "0")
 
 
@@ -90,6 +100,37 @@ def lagging_failover(c: PatroniCluster) -> str:
     return f"{leader} crashed whole after its standbys got no WAL for 2 s"
 
 
+def etcd_leader_and_postmaster(c: PatroniCluster) -> str:
+    """With a three-member etcd: SIGKILL the etcd leader and the Patroni leader's postmaster
+    at once. The two etcd members left elect a leader; Patroni restarts or replaces its
+    PostgreSQL through them. Once the cluster is healthy on a new timeline, with one etcd
+    member still down, that member is started again and rejoins."""
+    assert len(c.etcd) >= 3, "needs a three-member etcd (ETCD_MEMBERS = 3)"
+    etcd, leader = c.etcd_leader(), c.leader()
+    assert etcd is not None and leader is not None
+    before = c.timeline()
+    t0 = time.monotonic()
+    c.kill_etcd(etcd)
+    c.kill_postmaster(leader)
+    c._wait(lambda: c.etcd_leader() not in (None, etcd), 30, "a new etcd leader")
+    elected = time.monotonic() - t0
+
+    def promoted() -> bool:
+        try:
+            return c.healthy() and c.timeline() > before
+        except psycopg.Error:
+            return False
+
+    c._wait(promoted, 90, "a healthy cluster on a new timeline with one etcd member down")
+    healed = time.monotonic() - t0
+    c.revive_etcd(etcd)
+    c._wait(lambda: all(e.healthy() for e in c.etcd), 30, f"etcd {etcd.name} to rejoin")
+    return (
+        f"kill -9 of etcd leader {etcd.name} and {leader}'s postmaster at once (etcd leader "
+        f"again after {elected:.1f}s, cluster healthy on 2 of 3 etcd after {healed:.1f}s)"
+    )
+
+
 FAULTS: dict[str, Callable[[PatroniCluster], str]] = {
     "kill9": kill_postmaster,
     "switchover": switchover,
@@ -99,11 +140,51 @@ FAULTS: dict[str, Callable[[PatroniCluster], str]] = {
 }
 
 
+def cut_clients(c: PatroniCluster) -> str:
+    """Cut the leader off the clients only, for CLIENT_CUT seconds (longer than every TTL of
+    the load), then heal. Patroni, etcd and the replicas still reach it, so it stays the
+    leader: nothing fails over, the clients' leases expire, and work stops until the heal."""
+    leader = c.leader()
+    assert leader is not None
+    c.cut_clients(leader)
+    try:
+        time.sleep(CLIENT_CUT)
+        assert c.leader() == leader, f"{c.leader()} leads: the cut caused a failover"
+    finally:
+        c.heal_clients(leader)
+    return f"{leader} cut off the clients for {CLIENT_CUT:g}s"
+
+
+#: Faults that need a three-member etcd (a module with ``ETCD_MEMBERS = 3``): not in EVERY.
+ETCD_FAULTS: dict[str, Callable[[PatroniCluster], str]] = {
+    "etcd-kill9": etcd_leader_and_postmaster,
+}
+#: Faults that need the clients' proxies (a module with ``CLIENT_PROXIES = True``), and
+#: that do not fail over: the cluster ends on the same leader and timeline, and nothing
+#: through the endpoint succeeds while the cut lasts. Not in EVERY.
+CLIENT_FAULTS: dict[str, Callable[[PatroniCluster], str]] = {
+    "clientcut": cut_clients,
+}
+
+
 def _wait(predicate: Callable[[], object], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, f"timed out after {timeout:.0f}s waiting for {what}"
         time.sleep(0.2)
+
+
+def answered_by_leader(c: PatroniCluster, load: Workload, timeline: int) -> None:
+    """``tenure status`` through the endpoint names the member that is Patroni's leader now,
+    and the new timeline (issue 30): after the fault, not the member that led before."""
+    leader = c.leader()
+    assert leader is not None
+    out = run_tenure(["status", "--json"], load.env)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    assert rows, out.stdout
+    seen = {(r["answered_by"], r["timeline"], r["standby"]) for r in rows}
+    assert seen == {(f"127.0.0.1:{c.member(leader).pg_port}", timeline, False)}, (leader, seen)
 
 
 def run_fault(c: PatroniCluster, fault: str) -> tuple[str, Recovery]:
@@ -125,14 +206,23 @@ def run_fault(c: PatroniCluster, fault: str) -> tuple[str, Recovery]:
         )
         time.sleep(STEADY)
         assert not load.running(), load.running()
-        before = c.timeline()
+        before, leader = c.timeline(), c.leader()
         fault_t = time.time()
-        what = FAULTS[fault](c)
+        what = {**FAULTS, **ETCD_FAULTS, **CLIENT_FAULTS}[fault](c)
+        end_t = time.time()
         c.wait_healthy()
         timeline = c.timeline()
-        # Every one of these faults ends with a promotion (Patroni promotes even the crashed
-        # leader it restarts in place): a fault that changed nothing tested nothing.
-        assert timeline > before, f"{what}: still on timeline {before}"
+        if fault in CLIENT_FAULTS:
+            # No failover: the same leader on the same timeline, and no work done while cut.
+            assert (timeline, c.leader()) == (before, leader), (what, timeline, c.leader())
+            done = load.done_between(fault_t, end_t, grace=CUT_GRACE)
+            assert not done, f"{what}: succeeded during the cut:\n" + "\n".join(done[:20])
+            what += f" ({load.cut_outcomes(fault_t, end_t)})"
+        else:
+            # Every one of these faults ends with a promotion (Patroni promotes even the
+            # crashed leader it restarts in place): a fault that changed nothing tested nothing.
+            assert timeline > before, f"{what}: still on timeline {before}"
+        answered_by_leader(c, load, timeline)
         _wait(
             lambda: all(v is not None for v in vars(load.recovery(fault_t, timeline)).values()),
             RECOVERY_TIMEOUT,
@@ -150,6 +240,7 @@ def run_fault(c: PatroniCluster, fault: str) -> tuple[str, Recovery]:
     summary = (
         f"{what} ({'synchronous' if c.synchronous else 'asynchronous'}, "
         f"{'multi-host DSN' if via else 'HAProxy'}): {recovery.describe()}; "
+        f"the fault returned after {end_t - fault_t:.1f}s; "
         f"timeline {timeline}; {report.counts}; lost acknowledged runs {len(report.lost_acks)}"
     )
     print(summary)

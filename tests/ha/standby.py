@@ -12,6 +12,7 @@ standby.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -93,6 +94,12 @@ def check_standby(cluster: PatroniCluster) -> None:
         assert rc == 1, (args, rc, out, err)
         assert err.count("\n") == 1 and "Traceback" not in err, (args, err)
         assert "read-only" in err and "connect to the primary" in err, (args, err)
+    # status names the replica that answered, as a standby (its timeline issues no token).
+    rows = json.loads(seen["status --json"][1])
+    assert {(r["answered_by"], r["standby"], r["timeline"]) for r in rows} == {
+        (f"127.0.0.1:{replica.pg_port}", True, None)
+    }, rows
+    assert f"answered by 127.0.0.1:{replica.pg_port} (standby)" in seen["status"][1]
     # doctor answers, and its server check fails, naming the standby and what to do.
     rc, out, err = seen["doctor"]
     assert rc == 1 and "is a standby (in recovery)" in out and "primary" in out, (out, err)

@@ -15,10 +15,11 @@ from .faults import ALL, EVERY, run_fault
 from .standby import check_standby
 
 SYNCHRONOUS = False
+CLIENT_PROXIES = True  # the clients reach each member through proxies: "clientcut"
 pytestmark = [pytest.mark.ha, pytest.mark.slow, pytest.mark.timeout(240)]
 
-CI_FAULTS = ["lagging", "partition"]
-FAULTS = EVERY if ALL else CI_FAULTS
+CI_FAULTS = ["lagging", "partition", "clientcut", "clientcut@multihost"]
+FAULTS = [*EVERY, "clientcut", "clientcut@multihost"] if ALL else CI_FAULTS
 
 
 @pytest.mark.parametrize("fault", FAULTS)

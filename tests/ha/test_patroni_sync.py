@@ -1,6 +1,8 @@
 """Patroni faults with ``synchronous_mode``, under load: Patroni promotes only its
 synchronous standby, so on top of the asynchronous module's checks no acknowledged write
-may be lost. See docs/topologies/patroni.md. ``-m ha`` runs the HA tests alone.
+may be lost. This module's etcd has three members (the asynchronous module's has one), and
+``etcd-kill9`` kills the etcd leader together with the primary. See
+docs/topologies/patroni.md. ``-m ha`` runs the HA tests alone.
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ from .cluster import PatroniCluster
 from .faults import ALL, EVERY, run_fault, verify_with_patroni_faults
 
 SYNCHRONOUS = True
+ETCD_MEMBERS = 3
 pytestmark = [pytest.mark.ha, pytest.mark.slow, pytest.mark.timeout(240)]
 
-CI_FAULTS = ["lagging", "failover@multihost"]
-FAULTS = EVERY if ALL else CI_FAULTS
+CI_FAULTS = ["lagging", "failover@multihost", "etcd-kill9"]
+FAULTS = [*EVERY, "etcd-kill9"] if ALL else CI_FAULTS
 
 
 @pytest.mark.parametrize("fault", FAULTS)

@@ -202,7 +202,12 @@ class Workload:
                 try:
                     lease = client.acquire(PROBE_KEY, ttl=2)
                     if lease is not None:
-                        self.probes.append({"t0": t0, "t": time.time(), "token": lease.token})
+                        # left: seconds to the local deadline; an acquire answered late (a
+                        # request held in a cut network) is lost on arrival.
+                        left = lease.deadline_in
+                        self.probes.append(
+                            {"t0": t0, "t": time.time(), "token": lease.token, "left": left}
+                        )
                         with contextlib.suppress(tenure.TenureError):
                             lease.release()
                 except tenure.TenureError as exc:
@@ -298,7 +303,10 @@ class Workload:
             [
                 p["t"]
                 for p in self.probes
-                if "token" in p and p["t0"] >= since and timeline_of(p["token"]) == timeline
+                if "token" in p
+                and p["t0"] >= since
+                and p["left"] > 0
+                and timeline_of(p["token"]) == timeline
             ]
         )
         runs = [
@@ -310,6 +318,40 @@ class Workload:
         new_keys = {f"{r['job']}@{r['slot']}@{r['token']}" for r in runs}
         delivery = first([d["t"] for d in self.relay_lines() if d["key"] in new_keys])
         return Recovery(writable=writable, acquire=acquire, claim=claim, delivery=delivery)
+
+    def done_between(self, t1: float, t2: float, *, grace: float) -> list[str]:
+        """What succeeded through the endpoint between ``t1`` and ``t2``: probe acquires and
+        writes attempted after ``t1`` and answered before ``t2``, runs begun and exec
+        children started more than ``grace`` after ``t1`` (their claim or acquire may have
+        been answered just before it) and before ``t2``."""
+        done = [f"acquire {p}" for p in self.probes if "token" in p and t1 <= p["t0"] < p["t"] < t2]
+        done += [f"write {w}" for w in self.writes if t1 <= w["t0"] < w["t"] < t2]
+        done += [
+            f"run begun {r}"
+            for r in self.sched_lines()
+            if r["ph"] == "begin" and t1 + grace < r["t"] < t2
+        ]
+        done += [f"exec child {e}" for e in self.exec_lines() if t1 + grace < e["t"] < t2]
+        return done
+
+    def cut_outcomes(self, t1: float, t2: float) -> str:
+        """How the load's attempts that ended between ``t1`` and ``t2`` failed: the probe's
+        errors and tenure exec's exit codes."""
+        errors: dict[str, int] = defaultdict(int)
+        for p in self.probes:
+            if "error" in p and t1 <= p["t"] < t2:
+                errors[p["error"]] += 1
+        late = [p for p in self.probes if "token" in p and p["left"] <= 0 and p["t"] >= t1]
+        codes: dict[Any, int] = defaultdict(int)
+        for e in self.execs:
+            if t1 <= e["t"] < t2 + 1:
+                codes[e["rc"]] += 1
+        first = min((p["t"] for p in self.probes if "error" in p and p["t"] >= t1), default=None)
+        since = "never" if first is None else f"{first - t1:.1f}s"
+        return (
+            f"first probe error after {since}; probe errors {dict(errors)}; acquires answered "
+            f"after their local deadline {len(late)}; tenure exec exit codes {dict(codes)}"
+        )
 
     def check(self) -> Report:
         report = Report()

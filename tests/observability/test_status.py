@@ -14,12 +14,14 @@ import math
 import time
 from typing import Any
 
+import psycopg
 import pytest
 
 import tenure
 from tenure.db.channels import channel
 from tenure.scheduler.jobs import pause
 from tests.support.env import run_tenure, tenure_env
+from tests.support.fix_proxy import Proxy
 from tests.support.scheduler_support import InProcessWorker, query, wait_for
 
 NEVER = "0 0 1 1 *"
@@ -231,3 +233,37 @@ def test_status_shows_tenure_exec_runs(client: tenure.Client, dsn: str, schema: 
     table = run_tenure(["status"], env)
     [line] = [line for line in table.stdout.splitlines() if line.startswith("ex-job ")]
     assert "failed (exit 3)" in line and " 2/1/0/0 " in line, table.stdout
+
+
+def test_status_names_the_member_that_answered_and_its_timeline(
+    client: tenure.Client, dsn: str, schema: str
+) -> None:
+    """Through an HA endpoint (HAProxy, a multi-host DSN) status says which server answered,
+    as the server sees itself (not the endpoint it was given), and the WAL timeline its
+    tokens are floored on, as doctor's server check does (issue 30). A proxy stands in for
+    the endpoint; tests/ha checks the member is Patroni's leader."""
+    proxy = Proxy.from_dsn(dsn)
+    proxy.start()
+    try:
+        env = tenure_env(proxy.dsn(dsn), schema)
+        empty = run_tenure(["status"], env)  # migrated, nothing leased yet
+        lease = client.acquire("st-member", ttl=60)
+        assert lease is not None
+        as_json = run_tenure(["status", "--json"], env)
+        table = run_tenure(["status"], env)
+    finally:
+        proxy.stop()
+    with psycopg.connect(dsn) as conn:
+        [(address, port, timeline)] = conn.execute(
+            "SELECT host(inet_server_addr()), inet_server_port(),"
+            " ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int"
+        ).fetchall()
+    member = f"{address}:{port}" if address is not None else f"socket, port {port}"
+    assert member != f"127.0.0.1:{proxy.port}"
+    assert as_json.returncode == 0, as_json.stderr
+    [row] = json.loads(as_json.stdout)
+    assert (row["answered_by"], row["timeline"], row["standby"]) == (member, timeline, False)
+    assert table.returncode == 0, table.stderr
+    said = f"answered by {member} (primary, timeline {timeline})"
+    assert said in table.stdout.splitlines()[0], table.stdout
+    assert empty.returncode == 0 and said in empty.stdout, empty.stdout

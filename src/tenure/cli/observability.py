@@ -38,17 +38,22 @@ def status(
 
     Per job: lease holder token and expiry, last run and outcome, next slot, runs / failures /
     lost leases / stale rejections and duration p50/p95/p99 over --window (from the
-    scheduler's run history), last result token. Every time is the database clock.
+    scheduler's run history), last result token. Every time is the database clock. First,
+    which server answered (through HAProxy or a multi-host DSN, the member that is primary
+    now) and its WAL timeline; --json has them in every row (answered_by, standby,
+    timeline).
     """
     setup_logs(log_level, log_format)
-    from ..observability.status import overview
+    from ..observability.status import overview, server
     from ..scheduler.jobs import UNDEFINED
 
     with connect(dsn, schema) as client:
+        answered = server(client)
         jobs = overview(client, window=window)
     if as_json:
-        click.echo(json.dumps([job.as_json() for job in jobs], indent=2))
+        click.echo(json.dumps([{**job.as_json(), **answered.as_json()} for job in jobs], indent=2))
         return
+    click.echo(answered.describe())
     if not jobs:
         click.echo("no leases or scheduled jobs yet")
         return

@@ -46,6 +46,7 @@ from ..db.queries import queries
 from ..db.timeouts import CONNECTION_KWARGS, TIMEOUTS
 from ..errors import TenureError, connection_failed, one_line, translate
 from ..scheduler import vacuum
+from .status import answered_by
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 MIN_SERVER = 120000  # PostgreSQL 12: generated columns (scheduler tables)
@@ -223,7 +224,7 @@ def _server(ctx: _Context) -> Check:
         queries("tenure")["observe_server"]  # no schema in it: any name loads it
     ).fetchall()
     # Through an HA endpoint (HAProxy, a multi-host DSN): the member that answered.
-    answered = f"{address}:{port}" if address is not None else f"socket, port {port}"
+    answered = answered_by(address, port)
     details = (
         ("version", str(version)),
         ("server_version_num", str(version_num)),

@@ -105,6 +105,42 @@ class JobOverview:
         }
 
 
+def answered_by(address: str | None, port: int) -> str:
+    """A server as it sees itself: ``inet_server_addr():inet_server_port()`` over TCP (through
+    a proxy or HAProxy, the member behind it), or its port over a Unix socket."""
+    return f"{address}:{port}" if address is not None else f"socket, port {port}"
+
+
+@dataclass(frozen=True, slots=True)
+class Server:
+    """The server that answered: its address as it sees itself, whether it is a standby, and
+    the WAL timeline its tokens are floored on (None on a standby, which issues none)."""
+
+    address: str | None
+    port: int
+    standby: bool
+    timeline: int | None
+
+    @property
+    def answered_by(self) -> str:
+        return answered_by(self.address, self.port)
+
+    def describe(self) -> str:
+        role = "standby" if self.standby else f"primary, timeline {self.timeline}"
+        return f"answered by {self.answered_by} ({role})"
+
+    def as_json(self) -> dict[str, Any]:
+        return {"answered_by": self.answered_by, "standby": self.standby, "timeline": self.timeline}
+
+
+def server(client: Client) -> Server:
+    """Which server answers this client now, and its timeline."""
+    [(_version, standby, _read_only, address, port, timeline)] = client.fetch(
+        "observe_server", {}, doing="reading which server answered"
+    )
+    return Server(address, int(port), bool(standby), None if timeline is None else int(timeline))
+
+
 def _round(seconds: float | None) -> float | None:
     # Microseconds: what timestamptz resolves; percentile_cont's interpolation adds noise.
     return None if seconds is None else round(seconds, 6)
