@@ -370,9 +370,13 @@ class Dashboard:
 
     async def workers(self, request: Request) -> Response:
         workers, now = await self.reader.workers()
-        return self._page(
-            request, "workers.html", {"page": "workers", "workers": workers, "now": now}
-        )
+        context = {
+            "page": "workers",
+            "workers": workers,
+            "now": now,
+            "lag_warning": data.LOOP_LAG_WARNING,
+        }
+        return self._page(request, "workers.html", context)
 
     async def outbox(self, request: Request) -> Response:
         topics, dead, now = await self.reader.outbox()

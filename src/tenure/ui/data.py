@@ -29,6 +29,7 @@ from ..scheduler._async.runtime import (
 from ..scheduler.definitions import ScheduleChange, ScheduleInfo
 from ..scheduler.jobs import JOB_STATES as STATES
 from ..scheduler.jobs import job_state
+from ..scheduler.looplag import THRESHOLD
 from ..scheduler.schedules import schedule_from_row
 from .queries import ui_queries
 from .rows import JobDetailRow, JobsPageRow
@@ -57,6 +58,9 @@ WINDOWS: tuple[tuple[str, int], ...] = (
 #: runs (failures, takeovers, refused writes...) get bars, the newest TIMELINE_LIMIT of them.
 TIMELINE_LIMIT = 400
 TIMELINE_BUCKETS = 200
+#: A loop lag marked on the workers page: the most a worker lets pass without its warning
+#: (scheduler/looplag.py: a third of its shortest TTL, at most this).
+LOOP_LAG_WARNING = THRESHOLD
 #: A dense timeline's outcome classes (the density strip's colours).
 OUTCOME_CLASS = {
     "succeeded": "ok",
@@ -236,7 +240,16 @@ class Worker:
     fenced: int
     last_at: dt.datetime | None
     running: list[str]
+    # Its last presence beat's (migration 17): the longest its event loop was blocked since
+    # the beat before (seconds), and whether it was saturated. None: no beat says.
+    loop_lag: float | None
+    saturated: bool | None
     now: dt.datetime
+
+    @property
+    def lagging(self) -> bool:
+        """A loop lag the worker itself warns about (scheduler/looplag.py's threshold)."""
+        return self.loop_lag is not None and self.loop_lag >= LOOP_LAG_WARNING
 
 
 @dataclass(frozen=True, slots=True)

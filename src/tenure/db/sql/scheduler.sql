@@ -648,7 +648,9 @@ SET app = excluded.app, job_keys = excluded.job_keys, seen_until = excluded.seen
 
 -- name: sched_presence_beat
 -- A worker's beat (scheduler/presence.py). Rows back, by kind:
---   'me': its row was there (seen_until moved %(ttl)s ahead; job_keys is not rewritten);
+--   'me': its row was there (seen_until moved %(ttl)s ahead, its loop lag since the last
+--     beat and its saturation written for the dashboard, migration 17; job_keys is not
+--     rewritten);
 --   'excluded': a coded job of its app (or of none yet) that its code does not define (not a
 --     runtime schedule, task set: its task decides, docs/schedules.md): its claims
 --     leave it out, so it takes no token for a job it cannot run;
@@ -659,7 +661,8 @@ SET app = excluded.app, job_keys = excluded.job_keys, seen_until = excluded.seen
 --     worker that was only frozen and then finishes the run records its own outcome over it.
 WITH me AS (
     UPDATE {schema}.scheduler_workers
-    SET seen_until = clock_timestamp() + %(ttl)s
+    SET seen_until = clock_timestamp() + %(ttl)s, loop_lag = %(loop_lag)s,
+        saturated = %(saturated)s
     WHERE worker_id = %(worker)s
     RETURNING job_keys
 ), mine AS MATERIALIZED (

@@ -356,8 +356,10 @@ LIMIT %(limit)s;
 -- name: ui_workers
 -- Per worker: its presence row (scheduler_workers, migration 13: app, how many job keys its
 -- code defines, alive while seen_until is ahead), the runs it recorded since %(since)s
--- (by recorded_at, as the overview's counts) and the runs it has in
--- progress now (scheduled_jobs.running_token: at most one per job).
+-- (by recorded_at, as the overview's counts), the runs it has in
+-- progress now (scheduled_jobs.running_token: at most one per job), and what its last
+-- presence beat said of it (migration 17: the longest loop lag since the beat before,
+-- whether it was saturated; NULL before its first beat or from an earlier version).
 WITH clock AS MATERIALIZED (
     SELECT clock_timestamp() AS now
 ), recent AS (
@@ -384,7 +386,7 @@ SELECT i.worker_id AS worker, w.app, coalesce(w.host, rc.host) AS host,
        coalesce(w.seen_until >= c.now, false) AS alive,
        cardinality(w.job_keys) AS defines, coalesce(rc.runs, 0) AS runs,
        coalesce(rc.failed, 0) AS failed, coalesce(rc.fenced, 0) AS fenced, rc.last_at,
-       coalesce(rn.keys, '{}') AS running, c.now
+       coalesce(rn.keys, '{}') AS running, w.loop_lag, w.saturated, c.now
 FROM ids AS i
 CROSS JOIN clock AS c
 LEFT JOIN {schema}.scheduler_workers AS w ON w.worker_id = i.worker_id
