@@ -407,3 +407,27 @@ for _i in range(8):
 @crowded.job("probe", every="1s", ttl="5s")
 def probe(ctx: tenure.JobContext) -> None:
     record(ctx)
+
+
+# -- cancellable: a run that works until told to stop (the dashboard's Cancel, issue 29) -------
+
+cancellable = tenure.Scheduler()
+
+
+def note(ctx: tenure.JobContext, phase: str) -> None:
+    """An evidence row written without the fence: what the body did after it was told to stop."""
+    global _pool
+    with _lock:
+        if _pool is None:
+            _pool = ConnectionPool(DSN, min_size=1, max_size=2, open=True)
+    with _pool.connection() as conn:
+        conn.execute(_insert(), _row(ctx, phase))
+
+
+@cancellable.job("cancel-me", cron=NEVER, ttl="3s")
+def cancel_me(ctx: tenure.JobContext) -> None:
+    record(ctx, "started")
+    while not ctx.wait(0.1):
+        ctx.check()
+    note(ctx, "stopped")
+    ctx.check()  # raises LeaseLost: the run ends as a run that lost its lease does

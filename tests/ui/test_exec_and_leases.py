@@ -163,3 +163,38 @@ def test_the_legend_names_every_mark_the_timeline_draws(dsn: str, schema: str) -
     assert legend is not None, page
     for outcome, glyph in GLYPH.items():
         assert f"{glyph} {LABEL[outcome]}" in legend.group(1), outcome
+
+
+def test_an_exec_takeover_is_marked_on_the_timeline(dsn: str, schema: str) -> None:
+    """`tenure exec` runs: each has its own slot (its start), so a takeover is a run with a
+    higher token that started while a lower one had not ended cleanly (its lease lost, or
+    still 'running': its process died), as for coded runs."""
+    with tenure.connect(dsn, schema=schema, migrate=True):
+        pass
+    insert = psycopg.sql.SQL(
+        "INSERT INTO {}.exec_runs (job_key, token, host, pid, started_at, finished_at, outcome, "
+        "exit_code, error, recorded_at) VALUES ('nightly', %s, 'h', %s, "
+        "now() - %s * interval '1 s', now() - %s * interval '1 s', %s, NULL, NULL, "
+        "now() - %s * interval '1 s')"
+    ).format(psycopg.sql.Identifier(schema))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for token, start, end, outcome in (
+            (1, 60, 55, "succeeded"),  # a clean run: the next one is no takeover
+            (2, 50, 30, "lease_lost"),  # frozen past its lease ...
+            (3, 40, 35, "succeeded"),  # ... taken over by token 3
+            (4, 20, None, "running"),  # its process died ...
+            (5, 10, 5, "succeeded"),  # ... token 5 took the expired lease
+        ):
+            conn.execute(insert, (token, 10 + token, start, end, outcome, start))
+        conn.execute(  # the key's lease row, as `tenure exec` leaves it (token 5, released)
+            psycopg.sql.SQL(
+                "INSERT INTO {}.job_leases (job_key, lease_owner, lease_until, fencing_token, "
+                "lease_ttl, acquired_at, renewed_at) VALUES ('nightly', gen_random_uuid(), "
+                "now() - interval '5 s', 5, interval '10 s', now() - interval '10 s', "
+                "now() - interval '10 s')"
+            ).format(psycopg.sql.Identifier(schema))
+        )
+    [(status, page)] = pages(dsn, schema, ("/job", "key=nightly&window=5m"))
+    assert status == 200, page
+    takeovers = re.findall(r"takeover: token (\d+) \([^)]*\) → token (\d+)", page)
+    assert sorted(set(takeovers)) == [("2", "3"), ("4", "5")], page

@@ -3,8 +3,15 @@ the workers' presence rows (scheduler_workers, migration 13)."""
 
 from __future__ import annotations
 
-import psycopg
+import re
+import time
 
+import psycopg
+import pytest
+
+import tenure
+from tenure.scheduler import presence
+from tests.support.scheduler_support import InProcessWorker, prepare, wait_for
 from tests.support.ui import register_job
 from tests.ui.test_page_safety import pages
 
@@ -46,3 +53,36 @@ def test_the_workers_page_says_which_worker_runs_what(dsn: str, schema: str) -> 
     assert "job?key=sync" not in a
     assert "app:app" in b and "alive" in b and "2 job(s)" in b  # presence row: defines 2
     assert "2 failed" in b and "job?key=report" not in b
+
+
+def test_the_workers_page_shows_each_workers_loop_lag_and_saturation(
+    dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real worker (one body at a time) whose async job blocks its event loop for 1.5 s
+    every second, beside ten jobs every second that it cannot keep up with: its presence beat
+    carries the longest lag since the beat before and its saturation, and the page shows
+    both on its row (the lag over the worker's own warning threshold: marked bad)."""
+    monkeypatch.setattr(presence, "PRESENCE_EVERY", 0.3)
+    prepare(dsn, schema)
+    app = tenure.Scheduler(dsn, schema=schema, concurrency=1)
+
+    @app.job("blocker", every="1s", ttl="30s")
+    async def blocker(ctx: tenure.JobContext) -> None:
+        time.sleep(1.5)  # sync work inside async def: the whole loop stops
+
+    def busy(ctx: tenure.JobContext) -> None:
+        time.sleep(0.2)
+
+    for i in range(10):
+        app.job(f"busy-{i}", every="1s")(busy)
+
+    def page_shows_it() -> bool:
+        [(status, page)] = pages(dsn, schema, ("/workers", ""))
+        assert status == 200, page
+        [row] = [r for r in page.split('<tr class="worker')[1:] if "alive" in r]
+        lag = re.search(r'<td class="loop-lag"><span class="bad">([0-9.]+) s</span>', row)
+        saturated = '<td class="saturation"><span class="state st-failing">saturated' in row
+        return lag is not None and float(lag.group(1)) >= 1.0 and saturated
+
+    with InProcessWorker(app):
+        wait_for(page_shows_it, timeout=40, interval=0.2, what="the lag and saturation shown")

@@ -1,4 +1,5 @@
-"""Operator actions on scheduled jobs, from any host: list, pause, resume, trigger, history.
+"""Operator actions on scheduled jobs, from any host: list, pause, resume, trigger, cancel a
+running run, history.
 
 Each is one or two named statements (``db/sql/scheduler.sql``) on a sync :class:`~tenure.Client`,
 and each change notifies the workers (``NOTIFY``), so they act on it at once instead of at
@@ -14,10 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 from ..db.executor import R
 from ..errors import JobStillDefined, TenureError, UnknownJob
-from ..validation import check_int, check_job_key
+from ..validation import check_int, check_job_key, check_token
 from .presence import PRESENCE_TTL
 from .registration import REGISTER_LOCK
 from .rows import (
+    CancelledRow,
     HistoryRow,
     JobGetRow,
     JobListRow,
@@ -247,12 +249,16 @@ def list_jobs(client: Client) -> list[JobStatus]:
     ]
 
 
+def _unknown(job_key: str) -> UnknownJob:
+    return UnknownJob(
+        f"no scheduled job {job_key!r}; `tenure jobs list` shows the registered jobs "
+        "(a job is registered when a worker that defines it starts)"
+    )
+
+
 def _require(rows: list[R], job_key: str) -> R:
     if not rows:
-        raise UnknownJob(
-            f"no scheduled job {job_key!r}; `tenure jobs list` shows the registered jobs "
-            "(a job is registered when a worker that defines it starts)"
-        )
+        raise _unknown(job_key)
     return rows[0]
 
 
@@ -342,6 +348,40 @@ def trigger(client: Client, job_key: str, *, channel: str) -> Triggered:
         row.triggered is None,
         bool(row.paused),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Cancelled:
+    """What :func:`cancel` did: ``cancelled`` whether the run with that token was ended;
+    ``lease_ended`` whether its lease was live until then (False: its worker was already
+    gone); ``running_token`` the token of the run that was in progress, if any."""
+
+    cancelled: bool
+    lease_ended: bool
+    running_token: int | None
+
+
+def cancel(client: Client, job_key: str, token: int, *, by: str) -> Cancelled:
+    """Cancel ``job_key``'s run in progress with ``token`` (``by``: who, for its history row).
+
+    Its lease ends at once: the worker's next renewal fails, so the body is told to stop
+    (``ctx.check()`` raises, ``ctx.wait()`` returns True; an async body is cancelled) and the
+    strict fence refuses its writes from now on. The run is recorded as ``cancelled``; its
+    slot is not retried. A run that already ended, or one that another worker took over (a
+    higher token), is left alone: ``cancelled`` is False.
+    """
+    check_job_key(job_key)
+    check_token(token)
+    row = client.fetch_one(
+        "sched_cancel",
+        {"job_key": job_key, "token": token, "error": f"cancelled by an operator ({by})"},
+        doing=f"cancelling {job_key!r} token {token}",
+        wrote=True,
+        row=CancelledRow,
+    )
+    if row is None or not row.known:
+        raise _unknown(job_key)
+    return Cancelled(row.cancelled, row.lease_ended, row.running_token)
 
 
 def history(client: Client, job_key: str, *, limit: int = 20) -> list[RunRecord]:

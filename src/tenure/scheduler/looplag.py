@@ -7,7 +7,8 @@ A block longer than the TTL loses the lease under a live worker. This task sleep
 shortest TTL, the renewal period, at most :data:`THRESHOLD`) the worker logs a WARNING
 naming the jobs that were running, and the ``worker_loop_lag`` metric carries the longest
 lag of the last :data:`WINDOW` seconds (``tenure_worker_loop_lag_seconds{app}``), so a
-scrape every 15 s still sees a block that lasted one.
+scrape every 15 s still sees a block that lasted one. The worker's presence beat writes the
+longest lag since its previous beat (:meth:`LoopLag.take`) in its row, for the dashboard.
 """
 
 from __future__ import annotations
@@ -48,10 +49,12 @@ class LoopLag:
         self.running = running
         self.limit = limit
         self._recent: deque[tuple[float, float]] = deque()  # (measured at, lag)
+        self._since_take = 0.0  # the longest lag since the last take()
 
     def observe(self, lag: float, jobs: Iterable[str], now: float) -> float:
         """Record one measurement; returns the largest lag of the window (exported)."""
         self._recent.append((now, lag))
+        self._since_take = max(self._since_take, lag)
         while self._recent and self._recent[0][0] < now - WINDOW:
             self._recent.popleft()
         worst = max(value for _, value in self._recent)
@@ -69,6 +72,11 @@ class LoopLag:
                 ", ".join(keys) or "no job",
                 extra={"worker": self.worker, "app": self.app, "loop_lag": lag, "jobs": keys},
             )
+        return worst
+
+    def take(self) -> float:
+        """The longest lag measured since the previous call (seconds), and start again."""
+        worst, self._since_take = self._since_take, 0.0
         return worst
 
     async def watch_forever(self) -> None:

@@ -14,7 +14,10 @@ stops. A SIGKILLed worker's row counts until ``seen_until`` has passed. Each bea
   is added to its hot path;
 * records as lost (``lease_lost``) the unfinished run of a job of its app that no live worker
   of the app defines, once that run's lease has expired: nobody will claim the job to record
-  it as the next start would.
+  it as the next start would;
+* writes how the worker is doing, for the dashboard's workers page (migration 17): the longest
+  its event loop was blocked since the previous beat (:mod:`.looplag`) and whether it is
+  saturated (:mod:`.saturation`). In the same statement: no write is added.
 
 "No worker defines it" is computed where it is shown (``sched_undefined``: ``tenure jobs
 list``, ``tenure status``, the dashboard): a job of an app that has a live worker, none of
@@ -37,6 +40,8 @@ from .rows import PresenceRow
 if TYPE_CHECKING:
     from ..leases._async.client import AsyncClient
     from .identity import WorkerIdentity
+    from .looplag import LoopLag
+    from .saturation import Saturation
 
 log = logging.getLogger("tenure.scheduler")
 
@@ -52,15 +57,25 @@ EXCLUDED_LOGGED = 20
 class Presence:
     """One worker's row in ``scheduler_workers``: ``keys``, the job keys its code defines, for
     app ``app``; ``exclude``, the set its claims leave out (the claimer's), which each beat
-    adds the app's other keys to."""
+    adds the app's other keys to; ``loop_lag`` and ``saturation``, the worker's, which each
+    beat reports."""
 
     def __init__(
-        self, who: WorkerIdentity, app: str, keys: Iterable[str], exclude: set[str]
+        self,
+        who: WorkerIdentity,
+        app: str,
+        keys: Iterable[str],
+        exclude: set[str],
+        *,
+        loop_lag: LoopLag | None = None,
+        saturation: Saturation | None = None,
     ) -> None:
         self.who = who
         self.app = app
         self.keys = sorted(keys)
         self.exclude = exclude
+        self.loop_lag = loop_lag
+        self.saturation = saturation
 
     async def enter(self, client: AsyncClient) -> None:
         """Write the row (app and job keys) and take the first beat. Called before the worker
@@ -83,10 +98,16 @@ class Presence:
 
     async def beat(self, client: AsyncClient) -> None:
         """One beat: the row's ``seen_until``, the keys the claims exclude, the dead runs of
-        jobs nobody defines recorded as lost."""
+        jobs nobody defines recorded as lost, the worker's loop lag and saturation."""
         rows = await client.fetch(
             "sched_presence_beat",
-            {"worker": self.who.id, "app": self.app, "ttl": dt.timedelta(seconds=PRESENCE_TTL)},
+            {
+                "worker": self.who.id,
+                "app": self.app,
+                "ttl": dt.timedelta(seconds=PRESENCE_TTL),
+                "loop_lag": None if self.loop_lag is None else self.loop_lag.take(),
+                "saturated": None if self.saturation is None else self.saturation.saturated,
+            },
             doing="renewing the worker's presence",
             wrote=True,
             row=PresenceRow,

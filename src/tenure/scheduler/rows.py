@@ -178,6 +178,20 @@ class TriggeredRow(NamedTuple):
     notified: object
 
 
+@row_of("sched_cancel")
+class CancelledRow(NamedTuple):
+    """``sched_cancel``'s answer: ``cancelled`` whether the run with the token was ended
+    (``lease_ended``: its lease was live until now), ``running_token`` the job's run in
+    progress before the statement, ``recorded`` history rows written, ``known`` whether the
+    job exists."""
+
+    cancelled: bool
+    lease_ended: bool
+    running_token: int | None
+    recorded: int
+    known: bool
+
+
 @row_of("sched_history")
 class HistoryRow(NamedTuple):
     """One row of run history (``sched_history``), as :class:`~.jobs.RunRecord` holds it."""

@@ -86,8 +86,9 @@ log = logging.getLogger("tenure.scheduler")
 #: Seconds a run's body gets to stop after its cancellation at shutdown before the worker
 #: stops without it (an isolated body: also its child's SIGTERM and SIGKILL graces).
 STOP_WAIT = 1.0
-#: The schema version this worker needs (14: runtime schedules, read by the claim).
-SCHEMA_VERSION = 14
+#: The schema version this worker needs (17: the presence beat writes the loop lag and the
+#: saturation; 14: runtime schedules, read by the claim).
+SCHEMA_VERSION = 17
 
 
 class Worker:
@@ -142,8 +143,16 @@ class Worker:
             wake=self._wake,
             saturation=self.saturation,
         )
-        # Its row of the job keys it defines (scheduler/presence.py); beats add to the exclude.
-        self.presence = Presence(self.who, settings.app, specs, self.claimer._exclude)
+        # Its row of the job keys it defines (scheduler/presence.py); beats add to the exclude
+        # and report the loop lag and saturation (the dashboard's workers page).
+        self.presence = Presence(
+            self.who,
+            settings.app,
+            specs,
+            self.claimer._exclude,
+            loop_lag=self.loop_lag,
+            saturation=self.saturation,
+        )
         #: Set once the worker has registered its jobs and claims (for embedding and tests).
         self.ready = threading.Event()
         self._stopping = False

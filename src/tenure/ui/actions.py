@@ -1,6 +1,7 @@
 """The operator actions the dashboard can run when started with actions enabled: the same
 functions as ``tenure jobs pause|resume|trigger``, ``tenure release`` and ``tenure outbox
-retry|purge``, on a sync client of their own (run in a worker thread)."""
+retry|purge``, and cancelling a running run (:func:`tenure.scheduler.jobs.cancel`), on a sync
+client of their own (run in a worker thread)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ ACTIONS = (
     "pause",
     "resume",
     "trigger",
+    "cancel",
     "release",
     "retry",
     "purge",
@@ -92,6 +94,22 @@ class Actions:
             if done.already_pending:
                 return f"{target}: a run was already pending{note}"
             return f"{target}: triggered{note}"
+        if action == "cancel":
+            given = (form or {}).get("token", "")
+            if not given.isdigit():
+                raise ValueError("the run's token is missing: reload the job's page")
+            run_token = int(given)
+            cancelled = ops.cancel(client, target, run_token, by="from the dashboard")
+            if not cancelled.cancelled:
+                now = cancelled.running_token
+                running = f"; the run in progress has token {now}" if now else ""
+                return f"{target}: no run with token {run_token} in progress{running}"
+            how = (
+                "its lease ended, its worker is told to stop"
+                if cancelled.lease_ended
+                else "its lease had already expired"
+            )
+            return f"{target}: run with token {run_token} cancelled ({how}); not retried"
         if action == "release":
             token = client.release(target)
             return f"{target}: expired token {token}" if token else f"{target}: no live lease"

@@ -43,7 +43,7 @@ from starlette.staticfiles import StaticFiles
 from ..db.dsn import describe, resolve
 from ..errors import ConfigurationError, DatabaseUnavailable, TenureError, one_line, printable
 from ..validation import check_schema
-from . import data, security
+from . import charts, data, security
 from .actions import ACTIONS, Actions
 from .live import Broker
 from .proxy import behind_proxy, check_root_path, parse_allow
@@ -269,7 +269,10 @@ class Dashboard:
 
     async def overview(self, request: Request) -> Response:
         view = await self.reader.overview()
-        return self._page(request, "overview.html", {"page": "overview", "o": view})
+        chart = None
+        if view.throughput is not None:
+            chart = charts.render(view.throughput, what="every job", ident="tp-all")
+        return self._page(request, "overview.html", {"page": "overview", "o": view, "chart": chart})
 
     async def jobs(self, request: Request) -> Response:
         q = request.query_params
@@ -315,6 +318,10 @@ class Dashboard:
                 margin = max(dt.timedelta(seconds=2), (job.now - lease.slot) / 20)
                 drawn_since = min(drawn_since, lease.slot - margin)
         timeline = render(runs, since=drawn_since, now=job.now, job_key=key, density=view.density)
+        chart = None
+        if job.scheduled:  # the scheduler's history (job_runs)
+            rates = await self.reader.throughput(key, drawn_since, job.now)
+            chart = charts.render(rates, what=key, ident="tp-job")
         return self._page(
             request,
             "job.html",
@@ -325,6 +332,7 @@ class Dashboard:
                 "history": view.history,
                 "dense": view.dense,
                 "timeline": timeline,
+                "chart": chart,
                 "window": window,
                 "key_query": urlencode({"key": key}),
                 "live_keys": [key],
@@ -370,9 +378,13 @@ class Dashboard:
 
     async def workers(self, request: Request) -> Response:
         workers, now = await self.reader.workers()
-        return self._page(
-            request, "workers.html", {"page": "workers", "workers": workers, "now": now}
-        )
+        context = {
+            "page": "workers",
+            "workers": workers,
+            "now": now,
+            "lag_warning": data.LOOP_LAG_WARNING,
+        }
+        return self._page(request, "workers.html", context)
 
     async def outbox(self, request: Request) -> Response:
         topics, dead, now = await self.reader.outbox()

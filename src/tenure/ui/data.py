@@ -29,6 +29,7 @@ from ..scheduler._async.runtime import (
 from ..scheduler.definitions import ScheduleChange, ScheduleInfo
 from ..scheduler.jobs import JOB_STATES as STATES
 from ..scheduler.jobs import job_state
+from ..scheduler.looplag import THRESHOLD
 from ..scheduler.schedules import schedule_from_row
 from .queries import ui_queries
 from .rows import JobDetailRow, JobsPageRow
@@ -57,6 +58,13 @@ WINDOWS: tuple[tuple[str, int], ...] = (
 #: runs (failures, takeovers, refused writes...) get bars, the newest TIMELINE_LIMIT of them.
 TIMELINE_LIMIT = 400
 TIMELINE_BUCKETS = 200
+#: Most slices of a throughput and lateness chart, and the narrowest (a short window has
+#: fewer, so that a slice's rate is not one run blown up to a rate per minute).
+CHART_SLICES = 60
+CHART_MIN_STRIDE = dt.timedelta(seconds=10)
+#: A loop lag marked on the workers page: the most a worker lets pass without its warning
+#: (scheduler/looplag.py: a third of its shortest TTL, at most this).
+LOOP_LAG_WARNING = THRESHOLD
 #: A dense timeline's outcome classes (the density strip's colours).
 OUTCOME_CLASS = {
     "succeeded": "ok",
@@ -87,6 +95,7 @@ class Overview:
     incidents: tuple[Incident, ...]
     topics: tuple[Topic, ...]
     execs: int = 0  # of ``runs``: `tenure exec` runs
+    throughput: Throughput | None = None  # every job's runs of the window, per slice
 
     @property
     def dead(self) -> int:
@@ -236,7 +245,16 @@ class Worker:
     fenced: int
     last_at: dt.datetime | None
     running: list[str]
+    # Its last presence beat's (migration 17): the longest its event loop was blocked since
+    # the beat before (seconds), and whether it was saturated. None: no beat says.
+    loop_lag: float | None
+    saturated: bool | None
     now: dt.datetime
+
+    @property
+    def lagging(self) -> bool:
+        """A loop lag the worker itself warns about (scheduler/looplag.py's threshold)."""
+        return self.loop_lag is not None and self.loop_lag >= LOOP_LAG_WARNING
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,6 +307,42 @@ class Bucket:
     fenced: int  # lease lost or write refused
     other: int  # cancelled, abandoned, skipped
     late: float | None = None  # the worst lateness of a scheduled run in it (seconds)
+
+
+@row_of("ui_throughput_job", "ui_throughput_all")  # built by position: Rate(*row)
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """Runs started in one slice of a chart (``bin`` its start; None: the whole window), and
+    the median and 99th percentile of its scheduled runs' lateness (seconds; None: none)."""
+
+    bin: dt.datetime | None
+    runs: int
+    p50: float | None
+    p99: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Throughput:
+    """The throughput and lateness charts' data: ``slices`` of ``stride`` from ``since`` to
+    ``until`` (only those with runs), and ``total`` for the whole window."""
+
+    since: dt.datetime
+    until: dt.datetime
+    stride: dt.timedelta
+    slices: tuple[Rate, ...]
+    total: Rate
+
+    def per_minute(self, runs: int, width: dt.timedelta | None = None) -> float:
+        """``runs`` over ``width`` (a slice's stride; the whole window by default), per minute."""
+        seconds = (width or (self.until - self.since)).total_seconds()
+        return runs * 60.0 / max(seconds, 1e-6)
+
+
+def chart_stride(since: dt.datetime, until: dt.datetime) -> dt.timedelta:
+    """Slices of whole microseconds, at most CHART_SLICES over the window, none narrower than
+    CHART_MIN_STRIDE."""
+    span_us = math.ceil((until - since) / dt.timedelta(microseconds=1))
+    return max(CHART_MIN_STRIDE, dt.timedelta(microseconds=max(1, -(-span_us // CHART_SLICES))))
 
 
 @dataclass(frozen=True, slots=True)
@@ -480,6 +534,7 @@ class Reader:
             )
             incidents = await self._all(conn, "ui_overview_incidents", since)
             topics = await self._all(conn, "ui_outbox_topics")
+            throughput = await self._throughput(conn, None, now - interval, now)
         return Overview(
             now=now,
             jobs_total=total,
@@ -499,7 +554,36 @@ class Reader:
             incidents=tuple(Incident(*row) for row in incidents),
             topics=tuple(Topic(*row) for row in topics),
             execs=execs,
+            throughput=throughput,
         )
+
+    async def throughput(self, job_key: str, since: dt.datetime, until: dt.datetime) -> Throughput:
+        """``job_key``'s runs per slice of the window and their lateness (its page's charts)."""
+        async with self._session() as conn:
+            return await self._throughput(conn, job_key, since, until)
+
+    async def _throughput(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        job_key: str | None,
+        since: dt.datetime,
+        until: dt.datetime,
+    ) -> Throughput:
+        stride = chart_stride(since, until)
+        params: dict[str, Any] = {
+            "since": since,
+            "until": until,
+            "stride": stride,
+            "limit": CHART_SLICES + 2,  # the slices, and the whole window's row
+        }
+        if job_key is None:
+            rows = await self._all(conn, "ui_throughput_all", params)
+        else:
+            rows = await self._all(conn, "ui_throughput_job", {**params, "job_key": job_key})
+        rates = [Rate(*row) for row in rows]
+        total = next((r for r in rates if r.bin is None), Rate(None, 0, None, None))
+        slices = tuple(r for r in rates if r.bin is not None)
+        return Throughput(since, until, stride, slices, total)
 
     async def jobs(
         self,

@@ -107,10 +107,14 @@ def markers_of(runs: Sequence[Run]) -> list[Marker]:
     tokens = sorted({r.token for r in started})  # for "the next token", by bisection
     # Per slot, the newest earlier run that did not end cleanly: a later run of the same
     # slot with a higher token took it over. One pass (a timeline can hold 1,500 runs).
-    unclean: dict[dt.datetime, Run] = {}
+    # A `tenure exec` run's slot is its own start (exec_runs has no slot of the schedule's):
+    # its runs are one group, so the next exec run after one that lost its lease or never
+    # ended (its process died) is the takeover, as for a coded run's retry.
+    unclean: dict[dt.datetime | None, Run] = {}
     for run in started:
         assert run.started_at is not None
-        before = unclean.get(run.slot)
+        group = None if run.kind == "exec" else run.slot
+        before = unclean.get(group)
         if before is not None and before.token < run.token:
             out.append(
                 Marker(
@@ -130,9 +134,9 @@ def markers_of(runs: Sequence[Run]) -> list[Marker]:
                 )
             )
         if run.outcome in ("lease_lost", "stale_rejected", "running", "cancelled"):
-            unclean[run.slot] = run
+            unclean[group] = run
         else:
-            unclean.pop(run.slot, None)
+            unclean.pop(group, None)
         end = run.finished_at
         if end is None:
             continue

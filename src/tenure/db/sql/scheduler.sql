@@ -419,7 +419,8 @@ RETURNING l.job_key;
 -- outcome, with a run that "succeeded" after losing its job recorded as lease_lost. The
 -- history row is written here, once (migration 12): inserted, or completed where it is
 -- already there (a long run's 'running' row, or the lease_lost row of a successor that took
--- the job over meanwhile: the run's own end is what it records). One row back per run:
+-- the job over meanwhile: the run's own end is what it records), except a row an operator
+-- wrote when cancelling the run (sched_cancel), which stands. One row back per run:
 -- matched (the fence held), the recorded outcome, the job's current claim.
 WITH f AS MATERIALIZED (
     SELECT *
@@ -478,9 +479,15 @@ WITH f AS MATERIALIZED (
     ORDER BY m.job_key, m.token
     ON CONFLICT (job_key, token) WHERE started_at IS NOT NULL DO UPDATE
     SET outcome = excluded.outcome, error = excluded.error, finished_at = excluded.finished_at
+    -- A run an operator cancelled (sched_cancel) keeps that row: it says why it ended.
+    WHERE r.outcome <> 'cancelled'
     RETURNING r.job_key, r.token, r.outcome
 )
-SELECT m.job_key, m.token, m.matched, run.outcome,
+SELECT m.job_key, m.token, m.matched,
+       coalesce(run.outcome,
+                (SELECT r.outcome FROM {schema}.job_runs AS r
+                 WHERE r.job_key = m.job_key AND r.token = m.token
+                   AND r.started_at IS NOT NULL)) AS outcome,
        -- Read only for a run whose fence failed (for its log line).
        CASE WHEN NOT m.matched
             THEN (SELECT s.claim_token FROM {schema}.scheduled_jobs AS s
@@ -625,6 +632,66 @@ SELECT o.trigger_at AS pending, (SELECT trigger_at FROM changed) AS triggered, o
        pg_notify(%(channel)s, 'triggered')::text AS notified
 FROM old AS o;
 
+-- name: sched_cancel
+-- An operator cancels the run in progress with %(token)s (the dashboard's Cancel): the run's
+-- lease ends now (its holder's renewal fails, so its body is told to stop as on any lost
+-- lease, and the strict fence refuses its writes from now on), the run is recorded as
+-- cancelled with %(error)s, and its slot counts as done (a scheduled slot is not retried: the
+-- operator ended it; the job runs again at its next slot or trigger, by any worker, with a
+-- higher token). Only while the run is its job's newest claim (claim_token and the lease's
+-- token are still the run's: no successor took the job over; a claim skips the job row this
+-- statement locks). The holder's later sched_finish matches nothing (running_token is
+-- cleared) and keeps this row's outcome. A run whose worker is gone (its lease expired,
+-- nobody claimed the job yet) is cancelled the same way. One row back, always.
+WITH job AS MATERIALIZED (
+    SELECT j.job_key, j.running_slot, j.running_kind, j.running_attempt, j.running_token,
+           j.running_owner, j.running_worker, j.running_host, j.running_pid,
+           j.running_started_at
+    FROM {schema}.scheduled_jobs AS j
+    JOIN {schema}.job_leases AS l ON l.job_key = j.job_key
+    WHERE j.job_key = %(job_key)s AND j.running_slot IS NOT NULL
+      AND j.running_token = %(token)s AND j.claim_token = %(token)s
+      AND l.fencing_token = %(token)s
+    FOR UPDATE OF j
+), ended AS (
+    UPDATE {schema}.job_leases AS l
+    SET lease_until = clock_timestamp()
+    FROM job
+    WHERE l.job_key = job.job_key AND l.fencing_token = job.running_token
+      AND l.lease_until >= clock_timestamp()
+    RETURNING l.job_key
+), cleared AS (
+    UPDATE {schema}.scheduled_jobs AS j
+    SET running_slot = NULL, running_kind = NULL, running_token = NULL,
+        running_attempt = NULL, held_until = NULL, crash_streak = 0,
+        done_slot = CASE WHEN job.running_kind NOT IN ('manual', 'backfill')
+                         THEN greatest(j.done_slot, job.running_slot) ELSE j.done_slot END
+    FROM job
+    WHERE j.job_key = job.job_key
+    RETURNING j.job_key
+), run AS (
+    INSERT INTO {schema}.job_runs AS r
+        (job_key, slot, kind, attempt, token, owner, worker_id, host, pid, started_at,
+         finished_at, outcome, error, recorded_at)
+    SELECT job.job_key, job.running_slot, coalesce(job.running_kind, 'scheduled'),
+           coalesce(job.running_attempt, 1), job.running_token, job.running_owner,
+           coalesce(job.running_worker, ''), coalesce(job.running_host, ''),
+           coalesce(job.running_pid, 0), coalesce(job.running_started_at, clock_timestamp()),
+           clock_timestamp(), 'cancelled', %(error)s,
+           coalesce(job.running_started_at, clock_timestamp())
+    FROM job
+    ON CONFLICT (job_key, token) WHERE started_at IS NOT NULL DO UPDATE
+    SET outcome = 'cancelled', finished_at = excluded.finished_at, error = excluded.error
+    WHERE r.outcome = 'running'
+    RETURNING r.job_key
+)
+SELECT (SELECT count(*) FROM cleared) > 0 AS cancelled,
+       (SELECT count(*) FROM ended) > 0 AS lease_ended,
+       (SELECT running_token FROM {schema}.scheduled_jobs
+        WHERE job_key = %(job_key)s) AS running_token,
+       (SELECT count(*) FROM run) AS recorded,
+       EXISTS (SELECT 1 FROM {schema}.scheduled_jobs WHERE job_key = %(job_key)s) AS known;
+
 -- name: sched_history
 SELECT run_id, job_key, slot, kind, attempt, token, owner, worker_id, host, pid, started_at,
        finished_at, outcome, error, slots, last_slot
@@ -648,7 +715,9 @@ SET app = excluded.app, job_keys = excluded.job_keys, seen_until = excluded.seen
 
 -- name: sched_presence_beat
 -- A worker's beat (scheduler/presence.py). Rows back, by kind:
---   'me': its row was there (seen_until moved %(ttl)s ahead; job_keys is not rewritten);
+--   'me': its row was there (seen_until moved %(ttl)s ahead, its loop lag since the last
+--     beat and its saturation written for the dashboard, migration 17; job_keys is not
+--     rewritten);
 --   'excluded': a coded job of its app (or of none yet) that its code does not define (not a
 --     runtime schedule, task set: its task decides, docs/schedules.md): its claims
 --     leave it out, so it takes no token for a job it cannot run;
@@ -659,7 +728,8 @@ SET app = excluded.app, job_keys = excluded.job_keys, seen_until = excluded.seen
 --     worker that was only frozen and then finishes the run records its own outcome over it.
 WITH me AS (
     UPDATE {schema}.scheduler_workers
-    SET seen_until = clock_timestamp() + %(ttl)s
+    SET seen_until = clock_timestamp() + %(ttl)s, loop_lag = %(loop_lag)s,
+        saturated = %(saturated)s
     WHERE worker_id = %(worker)s
     RETURNING job_keys
 ), mine AS MATERIALIZED (

@@ -356,8 +356,10 @@ LIMIT %(limit)s;
 -- name: ui_workers
 -- Per worker: its presence row (scheduler_workers, migration 13: app, how many job keys its
 -- code defines, alive while seen_until is ahead), the runs it recorded since %(since)s
--- (by recorded_at, as the overview's counts) and the runs it has in
--- progress now (scheduled_jobs.running_token: at most one per job).
+-- (by recorded_at, as the overview's counts), the runs it has in
+-- progress now (scheduled_jobs.running_token: at most one per job), and what its last
+-- presence beat said of it (migration 17: the longest loop lag since the beat before,
+-- whether it was saturated; NULL before its first beat or from an earlier version).
 WITH clock AS MATERIALIZED (
     SELECT clock_timestamp() AS now
 ), recent AS (
@@ -384,7 +386,7 @@ SELECT i.worker_id AS worker, w.app, coalesce(w.host, rc.host) AS host,
        coalesce(w.seen_until >= c.now, false) AS alive,
        cardinality(w.job_keys) AS defines, coalesce(rc.runs, 0) AS runs,
        coalesce(rc.failed, 0) AS failed, coalesce(rc.fenced, 0) AS fenced, rc.last_at,
-       coalesce(rn.keys, '{}') AS running, c.now
+       coalesce(rn.keys, '{}') AS running, w.loop_lag, w.saturated, c.now
 FROM ids AS i
 CROSS JOIN clock AS c
 LEFT JOIN {schema}.scheduler_workers AS w ON w.worker_id = i.worker_id
@@ -393,3 +395,44 @@ LEFT JOIN running AS rn ON rn.worker_id = i.worker_id
 ORDER BY coalesce(w.seen_until >= c.now, false) DESC, cardinality(rn.keys) DESC NULLS LAST,
          i.worker_id
 LIMIT 200;
+
+-- name: ui_throughput_job
+-- The throughput and lateness charts of one job's page: per time slice of the shown window
+-- (date_bin: %(stride)s wide from %(since)s, by recorded_at, which is a run's start) how many
+-- runs started (a skipped slot's row has no start: left out), and the median and 99th
+-- percentile of how late its scheduled runs started after their slots (seconds); plus one
+-- row for the whole window (bin NULL: the empty grouping set). An index-only scan of
+-- job_runs_window (job_key, recorded_at) INCLUDE (outcome, kind, slot), bounded by the
+-- window; at most %(limit)s rows.
+SELECT bin, count(*) AS runs,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY late) FILTER (WHERE scheduled) AS p50,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY late) FILTER (WHERE scheduled) AS p99
+FROM (
+    SELECT date_bin(%(stride)s::interval, recorded_at, %(since)s) AS bin,
+           extract(epoch FROM recorded_at - slot)::float8 AS late,
+           kind = 'scheduled' AS scheduled
+    FROM {schema}.job_runs
+    WHERE job_key = %(job_key)s AND recorded_at >= %(since)s AND recorded_at < %(until)s
+      AND outcome <> 'misfire_skipped'
+) AS r
+GROUP BY GROUPING SETS ((bin), ())
+ORDER BY bin NULLS FIRST
+LIMIT %(limit)s;
+
+-- name: ui_throughput_all
+-- The same for every job together (the overview's charts), by job_runs_recorded: the
+-- overview's window is short (15 minutes), so its rows are few whatever the history's size.
+SELECT bin, count(*) AS runs,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY late) FILTER (WHERE scheduled) AS p50,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY late) FILTER (WHERE scheduled) AS p99
+FROM (
+    SELECT date_bin(%(stride)s::interval, recorded_at, %(since)s) AS bin,
+           extract(epoch FROM recorded_at - slot)::float8 AS late,
+           kind = 'scheduled' AS scheduled
+    FROM {schema}.job_runs
+    WHERE recorded_at >= %(since)s AND recorded_at < %(until)s
+      AND outcome <> 'misfire_skipped'
+) AS r
+GROUP BY GROUPING SETS ((bin), ())
+ORDER BY bin NULLS FIRST
+LIMIT %(limit)s;
