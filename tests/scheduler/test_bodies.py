@@ -203,18 +203,28 @@ def test_known_long_bodies_hold_at_most_three_quarters_of_the_slots() -> None:
         wake = asyncio.Event()
         limit = BodyLimit(8, wake)
         assert (limit.long_cap, limit.limit) == (6, 8)
-        # A body that ran 1 s or more marks its job long (learned as it returns).
+        # A body that ran LONG_BODY or more marks its job long (learned as it returns).
         first = limit.take("slow-0")
         assert first is not None
         first.began -= 2.0  # as if it had run 2 s
         limit.release(first)
         limit.grant()
         assert limit.is_long("slow-0") and not limit.is_long("quick")
-        for i in range(6):
+        for i in range(1, 8):
             limit.mark_long(f"slow-{i}")
+        # No quick body ran yet: long bodies may take every slot (nothing to keep them for).
+        alone = [limit.take(f"slow-{i}") for i in range(8)]
+        assert all(alone) and limit.busy == 8
+        for taken in alone:
+            assert taken is not None
+            limit.release(taken, learn=False)
+        limit.grant()
+        quick = limit.take("quick")
+        assert quick is not None
+        limit.release(quick)  # a quick body ended: slots are kept for quick ones from now on
+        limit.grant()
         slows = [limit.take(f"slow-{i}") for i in range(6)]
         assert all(slows) and limit.busy == 6
-        limit.mark_long("slow-6")
         assert limit.take("slow-6") is None  # the long bodies' share is full
         waiting_long = limit.wait("slow-6")
         assert limit.room()  # a long run waiting does not stop the claims

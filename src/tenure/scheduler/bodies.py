@@ -8,14 +8,16 @@ those with ``claim_ahead`` and ``finish_backlog``). A run whose scheduled slot c
 every body slot was busy waits, in order, with its lease renewed; a stop or a lost lease
 ends the wait and the body never runs.
 
-**Long bodies do not hold every slot.** A job whose last body on this worker ran
-:data:`LONG_BODY` or more is *long*; long bodies hold at most :attr:`BodyLimit.long_cap`
-slots (three quarters, rounded up: 6 of the default 8), so the others stay free for quick
-bodies. Without that, slow jobs whose demand exceeds the slots (ten jobs sleeping 2 s every
-second need 20) fill every slot and every other job on the worker waits behind them; with
-it, a slow job delays the others by no more than its share of the slots. The worker learns
-a job's length from its own runs, so a slow job's first run here may still take a reserved
-slot. A long run over its share waits in a line of its own, behind which quick runs pass.
+**Slow bodies do not hold every slot.** A job whose last body on this worker ran
+:data:`LONG_BODY` or more is *long*; while the worker also runs quick bodies (one ended in
+the last :data:`QUICK_RECENT` seconds), long bodies hold at most :attr:`BodyLimit.long_cap`
+slots (three quarters, rounded up: 6 of the default 8), so the others stay free for the
+quick ones. Without that, slow jobs whose demand exceeds the slots (ten jobs sleeping 2 s
+every second need 20) fill every slot and every other job on the worker waits behind them;
+with it, slow jobs delay the quick ones by no more than their share of the slots. A worker
+that runs only long bodies keeps no slot back. The worker learns a job's length from its own
+runs, so a slow job's first run here may still take a reserved slot. A long run over its
+share waits in a line of its own, behind which quick runs pass.
 """
 
 from __future__ import annotations
@@ -25,8 +27,11 @@ import collections
 import threading
 import time
 
-#: A body that ran this many seconds makes its job long (``long_cap`` applies to it).
-LONG_BODY = 1.0
+#: A body that ran this many seconds makes its job long (``long_cap`` applies to it): far
+#: above a quick body's (a no-op's is a tenth of a millisecond), below a CPU-bound one's.
+LONG_BODY = 0.05
+#: Seconds since the last quick body ended during which slots are kept for quick bodies.
+QUICK_RECENT = 10.0
 
 
 class Slot:
@@ -59,6 +64,7 @@ class BodyLimit:
         self._busy = 0
         self._long = 0  # slots held by long bodies
         self._long_jobs: set[str] = set()  # jobs whose last body here was long
+        self._quick_at = -QUICK_RECENT  # when a quick body last ended (monotonic)
         self._waiters: Line = collections.deque()
         self._long_waiters: Line = collections.deque()
         self._wanted = False
@@ -97,7 +103,7 @@ class BodyLimit:
         if self.closed or (self._long_waiters if long else self._waiters):
             return None
         with self._lock:
-            if self._busy < self.limit and (not long or self._long < self.long_cap):
+            if self._busy < self.limit and (not long or self._long < self._cap()):
                 self._busy += 1
                 self._long += long
                 return Slot(job_key, long)
@@ -128,7 +134,8 @@ class BodyLimit:
     def release(self, slot: Slot, *, learn: bool = True) -> None:
         """A body returned (from any thread): its job is long or not by how long it ran.
         :meth:`grant` hands the slot on."""
-        took = time.monotonic() - slot.began
+        now = time.monotonic()
+        took = now - slot.began
         with self._lock:
             self._busy -= 1
             self._long -= slot.long
@@ -136,14 +143,23 @@ class BodyLimit:
                 return
             if took >= LONG_BODY:
                 self._long_jobs.add(slot.job_key)
-            elif slot.long:
-                self._long_jobs.discard(slot.job_key)
+            else:
+                self._quick_at = now
+                if slot.long:
+                    self._long_jobs.discard(slot.job_key)
+
+    def _cap(self) -> int:
+        """Slots long bodies may hold now: ``long_cap`` while quick bodies run here."""
+        if time.monotonic() - self._quick_at < QUICK_RECENT:
+            return self.long_cap
+        return self.limit
 
     def grant(self) -> None:
         """Hand free slots to waiting runs (event loop only): quick runs first, in order,
         then long ones, in order, within the long bodies' share."""
         self._grant(self._waiters, self.limit)
-        self._grant(self._long_waiters, self.long_cap)
+        if self._long_waiters:
+            self._grant(self._long_waiters, self._cap())
         if self._wanted and self._busy < self.limit and not self._waiters:
             self._wanted = False
             self._wake.set()
