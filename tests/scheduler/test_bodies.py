@@ -219,10 +219,15 @@ def test_known_long_bodies_hold_at_most_three_quarters_of_the_slots() -> None:
             assert taken is not None
             limit.release(taken, learn=False)
         limit.grant()
-        quick = limit.take("quick")
-        assert quick is not None
-        limit.release(quick)  # a quick body ended: slots are kept for quick ones from now on
+        # A sync body that used 20 ms of its thread's CPU is long however soon it returned;
+        # one that waited for the GIL but used none is quick: slots are kept for quick bodies
+        # from now on.
+        burner, waited = limit.take("burner"), limit.take("waited")
+        assert burner is not None and waited is not None
+        limit.release(burner, 0.05)
+        limit.release(waited, 0.0001)
         limit.grant()
+        assert limit.is_long("burner") and not limit.is_long("waited")
         slows = [limit.take(f"slow-{i}") for i in range(6)]
         assert all(slows) and limit.busy == 6
         assert limit.take("slow-6") is None  # the long bodies' share is full

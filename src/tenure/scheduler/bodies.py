@@ -9,15 +9,16 @@ every body slot was busy waits, in order, with its lease renewed; a stop or a lo
 ends the wait and the body never runs.
 
 **Slow bodies do not hold every slot.** A job whose last body on this worker ran
-:data:`LONG_BODY` or more is *long*; while the worker also runs quick bodies (one ended in
-the last :data:`QUICK_RECENT` seconds), long bodies hold at most :attr:`BodyLimit.long_cap`
-slots (three quarters, rounded up: 6 of the default 8), so the others stay free for the
-quick ones. Without that, slow jobs whose demand exceeds the slots (ten jobs sleeping 2 s
-every second need 20) fill every slot and every other job on the worker waits behind them;
-with it, slow jobs delay the quick ones by no more than their share of the slots. A worker
-that runs only long bodies keeps no slot back. The worker learns a job's length from its own
-runs, so a slow job's first run here may still take a reserved slot. A long run over its
-share waits in a line of its own, behind which quick runs pass.
+:data:`LONG_BODY` or more, or used :data:`LONG_BODY_CPU` of CPU, is *long*; while the worker
+also runs quick bodies (one ended in the last :data:`QUICK_RECENT` seconds), long bodies
+hold at most :attr:`BodyLimit.long_cap` slots (three quarters, rounded up: 6 of the default
+8), so the others stay free for the quick ones. Without that, slow jobs whose demand exceeds
+the slots (ten jobs sleeping 2 s every second need 20) fill every slot and every other job
+on the worker waits behind them; with it, slow jobs delay the quick ones by no more than
+their share of the slots. A worker that runs only long bodies keeps no slot back. The worker
+learns a job's length from its own runs, so a slow job's first run here may still take a
+reserved slot. A long run over its share waits in a line of its own, behind which quick runs
+pass.
 """
 
 from __future__ import annotations
@@ -27,9 +28,13 @@ import collections
 import threading
 import time
 
-#: A body that ran this many seconds makes its job long (``long_cap`` applies to it): far
-#: above a quick body's (a no-op's is a tenth of a millisecond), below a CPU-bound one's.
-LONG_BODY = 0.05
+#: A body that ran this many seconds makes its job long (``long_cap`` applies to it).
+LONG_BODY = 1.0
+#: A sync body that used this much of its thread's CPU makes its job long too: CPU-bound
+#: bodies hold their slot for longer than they take alone, as they share the process's GIL.
+#: CPU time, not wall time, so that a quick body that waited for the GIL is not taken for
+#: a slow one (a no-op's body uses a few microseconds).
+LONG_BODY_CPU = 0.02
 #: Seconds since the last quick body ended during which slots are kept for quick bodies.
 QUICK_RECENT = 10.0
 
@@ -131,9 +136,9 @@ class BodyLimit:
             self.release(future.result(), learn=False)  # granted as it was cancelled
         self.grant()  # and the claim loop may have room again
 
-    def release(self, slot: Slot, *, learn: bool = True) -> None:
-        """A body returned (from any thread): its job is long or not by how long it ran.
-        :meth:`grant` hands the slot on."""
+    def release(self, slot: Slot, cpu: float | None = None, *, learn: bool = True) -> None:
+        """A body returned (from any thread): its job is long or not by how long it ran and,
+        for a sync body, the CPU its thread used (``cpu``). :meth:`grant` hands the slot on."""
         now = time.monotonic()
         took = now - slot.began
         with self._lock:
@@ -141,7 +146,7 @@ class BodyLimit:
             self._long -= slot.long
             if not learn:
                 return
-            if took >= LONG_BODY:
+            if took >= LONG_BODY or (cpu is not None and cpu >= LONG_BODY_CPU):
                 self._long_jobs.add(slot.job_key)
             else:
                 self._quick_at = now

@@ -19,6 +19,7 @@ import logging
 import os
 import queue
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -352,11 +353,12 @@ _deliveries: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Deliveries] =
 
 
 def in_thread(
-    fn: Any, ctx: JobContext, name: str, release: Callable[[], None]
+    fn: Any, ctx: JobContext, name: str, release: Callable[[float], None]
 ) -> asyncio.Future[Any]:
     """Run ``fn(ctx)`` in a daemon thread (named ``name`` while it runs); the returned future
-    gets its outcome. ``release`` is called in the thread as soon as ``fn`` returns (its body
-    slot is free before the outcome reaches the event loop)."""
+    gets its outcome. ``release`` is called in the thread as soon as ``fn`` returns, with the
+    CPU seconds the thread spent in it (its body slot is free before the outcome reaches the
+    event loop)."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Any] = loop.create_future()
     deliveries = _deliveries.get(loop)
@@ -378,6 +380,7 @@ def in_thread(
     def target() -> None:
         thread = threading.current_thread()
         thread.name = name
+        cpu = time.thread_time()
         try:
             value = fn(ctx) if context is None else context.run(fn, ctx)
         except BaseException as exc:
@@ -386,7 +389,7 @@ def in_thread(
             outcome = (True, value)
         finally:
             thread.name = "tenure-job"
-            release()
+            release(time.thread_time() - cpu)
         deliveries.put(deliver, *outcome)
 
     _threads.submit(target)
