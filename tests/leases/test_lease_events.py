@@ -6,6 +6,7 @@ busy acquire and a fence that passes record nothing. Sync and async."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import psycopg
@@ -71,7 +72,11 @@ def test_acquire_and_refused_writes_are_recorded(dsn: str, schema: str) -> None:
     ]
 
 
-async def test_async_acquire_and_refused_writes_are_recorded(dsn: str, schema: str) -> None:
+def test_async_acquire_and_refused_writes_are_recorded(dsn: str, schema: str) -> None:
+    asyncio.run(_async_scenario(dsn, schema))
+
+
+async def _async_scenario(dsn: str, schema: str) -> None:
     async with await tenure.connect_async(dsn, schema=schema, migrate=True) as client:
         a = await client.acquire("k", ttl=30)
         assert a is not None
