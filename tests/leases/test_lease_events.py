@@ -120,8 +120,10 @@ def test_a_refusal_in_the_callers_transaction_is_recorded_when_it_commits(
         b = client.acquire("k", ttl=30)
         assert b is not None
         client.results.put("k", {"by": "b"}, token=b.token)
-        with psycopg.connect(dsn) as conn:
-            with conn.transaction():
-                with pytest.raises(tenure.StaleTokenError):
-                    client.results.put("k", {"by": "a"}, token=a.token, conn=conn)
+        with (
+            psycopg.connect(dsn) as conn,
+            conn.transaction(),
+            pytest.raises(tenure.StaleTokenError),
+        ):
+            client.results.put("k", {"by": "a"}, token=a.token, conn=conn)
     assert events(dsn, schema, "k")[-1] == (a.token, "refused", "results.put")

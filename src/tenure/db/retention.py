@@ -19,8 +19,9 @@ argument for why each is safe is in docs/retention.md):
 
 Who prunes: every ``tenure worker`` (all tables of its schema) and every ``tenure relay``
 (outbox and inbox) every :data:`EVERY` seconds, jittered; ``tenure exec`` a bounded amount of
-its own history (and of the lease events, which its acquires write) after each run; ``tenure prune`` on demand. Pruners at once take different
-rows (SKIP LOCKED), so any number of them is fine.
+its own history (and of the lease events, which its acquires write) after each run;
+``tenure prune`` on demand. Pruners at once take different rows (SKIP LOCKED), so any
+number of them is fine.
 
 Each statement deletes at most ``batch`` rows and is its own short transaction; a pass
 repeats it, pausing :data:`PAUSE` seconds between batches so claims and writes run in
