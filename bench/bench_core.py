@@ -873,8 +873,9 @@ def report_takeover(env: Env) -> None:
     print("takeover cost (one statement's own WAL, EXPLAIN ANALYZE WAL, median of 5; commit")
     print("record excluded, the same for both):")
     print(
-        f"  tenure's acquire: {our_records:g} WAL records, {our_bytes:g} bytes (the lease row, and "
-        "the job-state row that strict fencing moves to the new token)"
+        f"  tenure's acquire: {our_records:g} WAL records, {our_bytes:g} bytes (the lease row, "
+        "the job-state row that strict fencing moves to the new token, and the takeover's "
+        "lease event with its two index entries)"
     )
     print(
         f"  the seed's upsert: {seed_records:g} WAL records, {seed_bytes:g} bytes (the lease row)"
