@@ -873,8 +873,9 @@ def report_takeover(env: Env) -> None:
     print("takeover cost (one statement's own WAL, EXPLAIN ANALYZE WAL, median of 5; commit")
     print("record excluded, the same for both):")
     print(
-        f"  tenure's acquire: {our_records:g} WAL records, {our_bytes:g} bytes (the lease row, and "
-        "the job-state row that strict fencing moves to the new token)"
+        f"  tenure's acquire: {our_records:g} WAL records, {our_bytes:g} bytes (the lease row, "
+        "the job-state row that strict fencing moves to the new token, and the takeover's "
+        "lease event with its two index entries)"
     )
     print(
         f"  the seed's upsert: {seed_records:g} WAL records, {seed_bytes:g} bytes (the lease row)"
@@ -915,6 +916,20 @@ def report_busy(env: Env, rows: Sequence[Row]) -> bool:
     good = not ours and seeds and free
     print(f"  {'ok  ' if good else 'FAIL'} a busy answer from tenure writes nothing")
     return good
+
+
+def reference_loop() -> float:
+    """Milliseconds a fixed pure-Python loop takes (best of 5): how fast this machine is
+    right now, printed beside the rows so that runs on a shared machine can be compared."""
+    best = math.inf
+    for _ in range(5):
+        start = time.perf_counter()
+        total = 0
+        for i in range(300_000):
+            total += i * i % 7
+        best = min(best, time.perf_counter() - start)
+    assert total > 0
+    return best * 1000
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -958,8 +973,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         print(f"{seconds:g} s per side per case in {rounds} alternating round(s)")
         print()
+        before = reference_loop()
         rows = [retrying(env, case, n, seconds, rounds) for case in CASES for n in CONNECTIONS]
+        after = reference_loop()
         ok = report(env, rows)
+        print()
+        print(
+            f"reference: a fixed Python loop took {before:.1f} ms before the rows and "
+            f"{after:.1f} ms after them (best of 5; lower is a faster machine)"
+        )
         report_takeover(env)
     finally:
         teardown(env, dsn, (schema, seed_schema))

@@ -70,6 +70,14 @@ def seed(dsn: str, schema: str, table: str, n: int, age: str, *, key: str = "k")
             "now() - %s::interval FROM generate_series(1, %s) t",
             (f"{key}-{age}-", age, age, n),
         )
+    elif table == "lease_events":
+        run(
+            dsn,
+            schema,
+            "INSERT INTO {schema}.lease_events (job_key, token, event, at) "
+            "SELECT %s, t, 'acquired', now() - %s::interval FROM generate_series(1, %s) t",
+            (key, age, n),
+        )
     elif table == "inbox":
         run(
             dsn,
@@ -103,6 +111,21 @@ def test_each_table_is_pruned_by_age_in_bounded_batches(
     assert pruning.prune(client, POLICY, tables=[table], batch=10, pause=0) == {table: 15}
     assert count(dsn, schema, table) == 2
     assert pruning.prune(client, POLICY, tables=[table], batch=10) == {table: 0}
+
+
+def test_old_lease_events_are_pruned_by_workers_and_exec(
+    client: tenure.Client, dsn: str, schema: str
+) -> None:
+    """Migration 18's lease events (bare leases' takeovers and refused writes) are history:
+    pruned by age like job_runs, by every worker and by tenure exec's own pass; a young
+    event stays."""
+    assert "lease_events" in rt.WORKER_TABLES and "lease_events" in rt.EXEC_TABLES
+    seed(dsn, schema, "lease_events", 3, OLD)
+    client.acquire("young", ttl=30)  # records its own event, now
+    assert pruning.prune(client, POLICY, tables=["lease_events"]) == {"lease_events": 3}
+    assert run(dsn, schema, "SELECT job_key, event FROM {schema}.lease_events") == [
+        ("young", "acquired")
+    ]
 
 
 def test_dry_run_counts_without_deleting(client: tenure.Client, dsn: str, schema: str) -> None:

@@ -54,6 +54,50 @@ def test_exec_runs_and_bare_leases_are_shown(dsn: str, schema: str) -> None:
     assert "token 2 took over from token 1" in demo
 
 
+def test_a_bare_lease_shows_its_takeovers_and_refused_writes(dsn: str, schema: str) -> None:
+    """Two executions take one bare key over from each other (tokens 1, 2, 3); between the
+    takeovers the first one's stale write is refused, by results.put and by the fence. The
+    job page draws each token (migration 18's lease events), both takeovers and the refusals,
+    marked as the scheduler's stale_rejected runs are."""
+    ident = psycopg.sql.Identifier(schema)
+
+    def expire() -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(
+                psycopg.sql.SQL(
+                    "UPDATE {}.job_leases SET lease_until = clock_timestamp() - interval '1ms' "
+                    "WHERE job_key = 'nightly'"
+                ).format(ident)
+            )
+
+    with tenure.connect(dsn, schema=schema, migrate=True) as client:
+        a = client.acquire("nightly", ttl=30)
+        assert a is not None and a.token == 1
+        expire()
+        b = client.acquire("nightly", ttl=30)
+        assert b is not None and b.token == 2
+        client.results.put("nightly", {"by": "b"}, token=b.token)
+        try:
+            client.results.put("nightly", {"by": "a"}, token=a.token)
+        except tenure.StaleTokenError:
+            pass
+        else:
+            raise AssertionError("the stale write was accepted")
+        expire()
+        again = client.acquire("nightly", ttl=30)
+        assert again is not None and again.token == 3
+
+    [(status, page)] = pages(dsn, schema, ("/job", "key=nightly"))
+    assert status == 200
+    for token in (1, 2, 3):
+        assert f'data-token="{token}"' in page, token
+    assert "token 2 took over from token 1" in page
+    assert "token 3 took over from token 2" in page
+    assert 'data-outcome="stale_rejected"' in page
+    assert "write refused: token 1 is stale; token 2 had taken over" in page
+    assert "2 takeover(s); 1 refused write(s)" in page
+
+
 def test_the_last_axis_label_stays_inside_the_frame() -> None:
     # The window an empty page fits (the newest minute and a margin), ending just after a
     # tick: that tick sits at the right edge.

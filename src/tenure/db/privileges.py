@@ -3,9 +3,9 @@
 
 The schema's owner runs ``tenure migrate``; an application role (workers, ``tenure exec``,
 relays, ``tenure status``) needs only these. No sequence is listed: the identity columns
-(``job_runs.run_id``, ``outbox.id``) need nothing beyond INSERT on their table. The
-functions tenure calls are executable by everyone unless an administrator revoked that, so
-``tenure grants`` does not print them, but ``tenure doctor`` checks them.
+(``job_runs.run_id``, ``outbox.id``, ``lease_events.id``) need nothing beyond INSERT on
+their table. The functions tenure calls are executable by everyone unless an administrator
+revoked that, so ``tenure grants`` does not print them, but ``tenure doctor`` checks them.
 ``tests/db/test_privileges.py`` fails when a migration adds a table this list forgets.
 """
 
@@ -75,6 +75,12 @@ TABLES: tuple[TableNeed, ...] = (
         "schedule_tasks",
         ("SELECT", "INSERT", "UPDATE"),
         "`tenure worker` (the tasks of @app.task), `tenure schedules add` (unknown tasks)",
+    ),
+    TableNeed(
+        "lease_events",
+        ("SELECT", "INSERT", "DELETE"),
+        "every acquire (a takeover's record), refused results.put and fence() writes, the "
+        "dashboard's timeline of a bare lease (DELETE: retention)",
     ),
     TableNeed(
         "schedule_changes",

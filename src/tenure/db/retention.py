@@ -11,14 +11,17 @@ argument for why each is safe is in docs/retention.md):
   the slot's window; slots named by the caller (``--slot`` alone) never.
 * ``outbox``: delivered messages, the history retention after delivery; pending and dead
   ones never.
+* ``lease_events`` (migration 18: bare leases' takeovers and refused writes, for the
+  dashboard): rows older than the history retention, by when they happened.
 * ``inbox``: consumers' claims older than the inbox retention (default 30 days, at least
   one day), and none applied after the oldest still-deliverable message of the schema's
   outbox was created.
 
 Who prunes: every ``tenure worker`` (all tables of its schema) and every ``tenure relay``
 (outbox and inbox) every :data:`EVERY` seconds, jittered; ``tenure exec`` a bounded amount of
-its own history after each run; ``tenure prune`` on demand. Pruners at once take different
-rows (SKIP LOCKED), so any number of them is fine.
+its own history (and of the lease events, which its acquires write) after each run;
+``tenure prune`` on demand. Pruners at once take different rows (SKIP LOCKED), so any
+number of them is fine.
 
 Each statement deletes at most ``batch`` rows and is its own short transaction; a pass
 repeats it, pausing :data:`PAUSE` seconds between batches so claims and writes run in
@@ -68,12 +71,13 @@ TABLES: tuple[Table, ...] = (
     Table("exec_slots", "retention_exec_slots"),
     Table("outbox", "retention_outbox"),
     Table("inbox", "retention_inbox", inbox=True),
+    Table("lease_events", "retention_lease_events"),
 )
 NAMES = tuple(t.name for t in TABLES)
 #: What each long-running process prunes.
 WORKER_TABLES = NAMES
 RELAY_TABLES = ("outbox", "inbox")
-EXEC_TABLES = ("exec_runs", "exec_slots")
+EXEC_TABLES = ("exec_runs", "exec_slots", "lease_events")
 
 
 @dataclass(frozen=True, slots=True)

@@ -310,13 +310,14 @@ class Dashboard:
         since = None if seconds is None else job.now - dt.timedelta(seconds=seconds)
         view = await self.reader.timeline(key, since, job.now)
         runs, drawn_since = view.runs, view.since
-        lease = None if job.scheduled or runs or view.history else data.lease_run(job)
-        if lease is not None:
-            # A bare library lease: its lease row is all there is to draw.
-            runs = (lease,)
-            if since is None:  # "newest runs": fit the window to the lease
-                margin = max(dt.timedelta(seconds=2), (job.now - lease.slot) / 20)
-                drawn_since = min(drawn_since, lease.slot - margin)
+        if not job.scheduled and not runs and not view.history:
+            # A bare library lease: its lease events (migration 18) and its lease row are
+            # all there is to draw.
+            runs = data.lease_runs(job, await self.reader.lease_events(key, since))
+            if since is None and runs:  # "newest runs": fit the window to the leases
+                first = min(r.slot for r in runs)
+                margin = max(dt.timedelta(seconds=2), (job.now - first) / 20)
+                drawn_since = min(drawn_since, first - margin)
         timeline = render(runs, since=drawn_since, now=job.now, job_key=key, density=view.density)
         chart = None
         if job.scheduled:  # the scheduler's history (job_runs)

@@ -8,7 +8,7 @@ import datetime as dt
 import logging
 import math
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -421,6 +421,97 @@ class LeasePage:
     now: dt.datetime
 
 
+@row_of("ui_lease_events")  # built by position: LeaseEvent(*row)
+@dataclass(frozen=True, slots=True)
+class LeaseEvent:
+    """One of a key's lease events (migration 18): a takeover ('acquired', the token it got)
+    or a refused write ('refused', the token refused and what refused it)."""
+
+    id: int
+    token: int
+    event: str
+    at: dt.datetime
+    detail: str | None
+
+
+def lease_runs(job: Job, events: Sequence[LeaseEvent]) -> tuple[Run, ...]:
+    """A key without run history (a bare library lease) drawn from its lease events: each
+    token from its takeover to the next takeover (the newest: to its lease's expiry, or
+    now). A token whose write was refused is drawn as the scheduler draws a stale run
+    (``stale_rejected``), until its last refused write. Without events (pruned, or taken
+    before migration 18) the lease row's newest token is all there is (:func:`lease_run`)."""
+    taken = sorted((e for e in events if e.event == "acquired"), key=lambda e: (e.at, e.id))
+    refused: dict[int, list[LeaseEvent]] = {}
+    for e in sorted(events, key=lambda e: (e.at, e.id)):
+        if e.event == "refused":
+            refused.setdefault(e.token, []).append(e)
+    runs: list[Run] = []
+    owner = str(job.owner)[:8] if job.owner is not None else "-"
+    for i, e in enumerate(taken):
+        if i + 1 < len(taken):
+            end = taken[i + 1].at
+        elif e.token == job.token and job.lease_until is not None:
+            end = max(e.at, min(job.lease_until, job.now))
+        else:
+            end = e.at
+        runs.append(_lease_event_run(e.id, e.token, e.at, end, refused.pop(e.token, [])))
+    for token, rows in refused.items():  # refused tokens whose takeover is not in the window
+        runs.append(_lease_event_run(rows[0].id, token, rows[0].at, rows[0].at, rows))
+    if job.token is not None and all(r.token != job.token for r in runs):
+        newest = lease_run(job)
+        if newest is not None:
+            runs.append(newest)
+    if runs and job.token is not None:
+        # The newest holder's owner is known from the lease row; the others' are not.
+        runs = [r if r.token != job.token else _with_worker(r, owner) for r in runs]
+    return tuple(sorted(runs, key=lambda r: (r.started_at or r.slot, r.token)))
+
+
+def _lease_event_run(
+    ident: int, token: int, start: dt.datetime, end: dt.datetime, refused: Sequence[LeaseEvent]
+) -> Run:
+    error = None
+    if refused:
+        end = max(end, refused[-1].at)
+        error = "; ".join(
+            f"{e.detail or 'write'} refused at {e.at.astimezone(dt.UTC):%H:%M:%S.%f}"[:-3] + " UTC"
+            for e in refused[:10]
+        ) + (f"; and {len(refused) - 10} more" if len(refused) > 10 else "")
+    return Run(
+        run_id=-ident,
+        slot=start,
+        kind="lease",
+        attempt=1,
+        token=token,
+        worker="-",
+        host="-",
+        pid=0,
+        started_at=start,
+        finished_at=end,
+        outcome="stale_rejected" if refused else "lease",
+        error=error,
+        recorded_at=start,
+    )
+
+
+def _with_worker(run: Run, worker: str) -> Run:
+    return Run(
+        run.run_id,
+        run.slot,
+        run.kind,
+        run.attempt,
+        run.token,
+        worker,
+        run.host,
+        run.pid,
+        run.started_at,
+        run.finished_at,
+        run.outcome,
+        run.error,
+        run.recorded_at,
+    )
+
+
 def lease_run(job: Job) -> Run | None:
     """A key without run history (a bare library lease) drawn from its lease row: the
     newest holder's token from its acquisition to its expiry (or now). Its predecessors'
@@ -750,6 +841,17 @@ class Reader:
                     for index, per in sorted(counts.items())
                 )
         return TimelineData(since, tuple(Run(*row) for row in rows), density, newest)
+
+    async def lease_events(
+        self, job_key: str, since: dt.datetime | None, *, limit: int = TIMELINE_LIMIT
+    ) -> tuple[LeaseEvent, ...]:
+        """``job_key``'s newest ``limit`` lease events since ``since`` (None: the newest),
+        oldest first."""
+        async with self._session() as conn:
+            rows = await self._all(
+                conn, "ui_lease_events", {"job_key": job_key, "since": since, "limit": limit}
+            )
+        return tuple(LeaseEvent(*row) for row in reversed(rows))
 
     async def leases(self, *, search: str | None = None, page: int = 1) -> LeasePage:
         params = {

@@ -111,11 +111,25 @@ def markers_of(runs: Sequence[Run]) -> list[Marker]:
     # its runs are one group, so the next exec run after one that lost its lease or never
     # ended (its process died) is the takeover, as for a coded run's retry.
     unclean: dict[dt.datetime | None, Run] = {}
+    # A bare lease's runs (its lease events, or its lease row): each takes over from the one
+    # before it; the first from the token below its own, when it is not the first token.
+    lease_before: int | None = None
     for run in started:
         assert run.started_at is not None
+        if run.kind == "lease":
+            before_token = lease_before if lease_before is not None else run.token - 1
+            if 0 < before_token < run.token:
+                out.append(
+                    Marker(
+                        "takeover",
+                        run.started_at,
+                        f"token {run.token} took over from token {before_token}",
+                    )
+                )
+            lease_before = max(run.token, lease_before or 0)
         group = None if run.kind == "exec" else run.slot
         before = unclean.get(group)
-        if before is not None and before.token < run.token:
+        if run.kind != "lease" and before is not None and before.token < run.token:
             out.append(
                 Marker(
                     "takeover",
@@ -124,16 +138,12 @@ def markers_of(runs: Sequence[Run]) -> list[Marker]:
                     f"({run.worker})",
                 )
             )
-        if run.outcome == "lease" and run.token > 1:
-            # A bare lease's row: it holds the newest token, so a lower one came before.
-            out.append(
-                Marker(
-                    "takeover",
-                    run.started_at,
-                    f"token {run.token} took over from token {run.token - 1}",
-                )
-            )
-        if run.outcome in ("lease_lost", "stale_rejected", "running", "cancelled"):
+        if run.kind != "lease" and run.outcome in (
+            "lease_lost",
+            "stale_rejected",
+            "running",
+            "cancelled",
+        ):
             unclean[group] = run
         else:
             unclean.pop(group, None)

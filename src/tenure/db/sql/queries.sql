@@ -50,6 +50,12 @@ WITH cur AS MATERIALIZED (
     INSERT INTO {schema}.job_state AS s (job_key, token)
     SELECT job_key, fencing_token FROM taken
     ON CONFLICT (job_key) DO UPDATE SET token = excluded.token
+), event AS (
+    -- The takeover's record (migration 18), for the key's timeline: one row, only when a
+    -- token was issued (a busy answer writes nothing). History only: nothing reads it to
+    -- decide; retention prunes it by age. The scheduler's claims do not write it.
+    INSERT INTO {schema}.lease_events (job_key, token, event)
+    SELECT job_key, fencing_token, 'acquired' FROM taken
 )
 SELECT true AS acquired, t.fencing_token, t.lease_until, t.acquired_at, clock_timestamp() AS now
 FROM taken AS t
@@ -174,6 +180,14 @@ WITH issued AS MATERIALIZED (
         written_at = excluded.written_at
     WHERE r.applied_fencing_token <= excluded.applied_fencing_token
     RETURNING r.applied_fencing_token, r.written_at
+), refused AS (
+    -- A refused write's record (migration 18), in the same statement: nothing was written
+    -- and the token had been issued (the caller raises StaleTokenError; a token never issued
+    -- is TokenNotIssued, not recorded). The accepted write's path inserts nothing.
+    INSERT INTO {schema}.lease_events (job_key, token, event, detail)
+    SELECT %(job_key)s, %(token)s, 'refused', 'results.put'
+    WHERE NOT EXISTS (SELECT 1 FROM written)
+      AND EXISTS (SELECT 1 FROM issued WHERE issued.fencing_token >= %(token)s)
 )
 SELECT (SELECT applied_fencing_token FROM written) AS applied,
        (SELECT written_at FROM written) AS written_at,
@@ -214,11 +228,29 @@ WITH fenced AS (
         written_at = excluded.written_at
     WHERE r.applied_fencing_token <= excluded.applied_fencing_token
     RETURNING r.applied_fencing_token, r.written_at
+), refused AS (
+    -- As in result_put: a refused write of an issued token is recorded (migration 18). On the
+    -- caller's connection it commits or rolls back with the caller's transaction.
+    INSERT INTO {schema}.lease_events (job_key, token, event, detail)
+    SELECT %(job_key)s, %(token)s, 'refused', 'results.put strict'
+    WHERE NOT EXISTS (SELECT 1 FROM written)
+      AND EXISTS (SELECT 1 FROM {schema}.job_leases
+                  WHERE job_key = %(job_key)s AND fencing_token >= %(token)s)
 )
 SELECT (SELECT applied_fencing_token FROM written) AS applied,
        (SELECT written_at FROM written) AS written_at,
        (SELECT count(*) FROM idle) AS idle_set,
        (SELECT fencing_token FROM {schema}.job_leases WHERE job_key = %(job_key)s) AS issued;
+
+-- name: lease_event_refused
+-- fence() refused a token (migration 18's record of it, for the key's timeline). fence() runs
+-- in the caller's transaction, which rolls back on the refusal, so this is a separate
+-- statement in autocommit on the client's pool, sent on the refusal path only (a fence that
+-- passes costs nothing more). Only a token that had been issued is recorded.
+INSERT INTO {schema}.lease_events (job_key, token, event, detail)
+SELECT %(job_key)s, %(token)s, 'refused', %(detail)s
+WHERE EXISTS (SELECT 1 FROM {schema}.job_leases
+              WHERE job_key = %(job_key)s AND fencing_token >= %(token)s);
 
 -- name: result_get
 SELECT job_key, payload, applied_fencing_token, written_at

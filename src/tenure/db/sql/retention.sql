@@ -84,6 +84,22 @@ WITH gone AS (
 )
 SELECT count(*) FROM gone;
 
+-- name: retention_lease_events
+-- The lease-event record (migration 18: takeovers and refused writes of keys without run
+-- history), by when each happened (lease_events_at). Nothing decides anything from it: the
+-- tokens and fences are job_leases and job_state, which are never pruned.
+WITH gone AS (
+    DELETE FROM {schema}.lease_events
+    WHERE (job_key, id) IN (
+        SELECT job_key, id
+        FROM {schema}.lease_events
+        WHERE at < clock_timestamp() - %(retention)s::interval
+        LIMIT %(batch)s
+        FOR UPDATE SKIP LOCKED)
+    RETURNING 1
+)
+SELECT count(*) FROM gone;
+
 -- name: retention_preview
 -- `tenure prune --dry-run`: how many rows each statement above (and sched_prune) would
 -- delete now, with the same conditions, and the age of the oldest row each table keeps
@@ -108,4 +124,6 @@ SELECT
     (SELECT count(*) FROM {schema}.inbox
      WHERE applied_at < least(
          clock_timestamp() - %(inbox_retention)s::interval,
-         (SELECT min(created_at) FROM {schema}.outbox WHERE state <> 'delivered'))) AS inbox;
+         (SELECT min(created_at) FROM {schema}.outbox WHERE state <> 'delivered'))) AS inbox,
+    (SELECT count(*) FROM {schema}.lease_events
+     WHERE at < clock_timestamp() - %(retention)s::interval) AS lease_events;

@@ -37,6 +37,7 @@ from ...errors import (
     InvalidArgument,
     InvalidArgumentType,
     LeaseBusy,
+    StaleTokenError,
     TenureError,
     Timeout,
     connection_failed,
@@ -55,7 +56,7 @@ from ...validation import (
 )
 from ..models import Grant, LeaseInfo
 from ..rows import AcquireRow, LeaseRow
-from .fencing import fence_async
+from .fencing import fence_async, record_refused
 from .lease import AsyncLease, AsyncLeaseContext
 from .results import AsyncResults
 from .waiter import AsyncReleaseWaiter
@@ -122,9 +123,21 @@ class AsyncClient:
         """A transaction on a pooled connection, fenced with ``token`` (strict) before the
         caller's statements: they commit only if it is still the newest token of
         ``job_key``, else :class:`~tenure.StaleTokenError` is raised and it rolls back."""
-        async with self._pool.connection() as conn, conn.transaction():
-            await fence_async(conn, job_key, token, schema=self.schema)
-            yield conn
+        refused = False
+        try:
+            async with self._pool.connection() as conn, conn.transaction():
+                try:
+                    await fence_async(conn, job_key, token, schema=self.schema)
+                except StaleTokenError:
+                    refused = True
+                    raise
+                yield conn
+        finally:
+            if refused:
+                # The fence refused the token; the transaction has rolled back and its
+                # connection is back in the pool: the refusal is recorded for the key's
+                # timeline, from the pool (migration 18).
+                await record_refused(self, job_key, token, "fence")
 
     async def __aenter__(self) -> AsyncClient:
         return self

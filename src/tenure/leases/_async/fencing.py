@@ -26,7 +26,8 @@ seed's rule, the last accepted token per key, in that database's ``job_state`` t
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+import logging
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import AsyncConnection
@@ -34,7 +35,14 @@ from psycopg.pq import TransactionStatus
 
 from ... import metrics
 from ...db.queries import query
-from ...errors import InvalidArgument, InvalidArgumentType, StaleTokenError, translate
+from ...errors import (
+    InvalidArgument,
+    InvalidArgumentType,
+    StaleTokenError,
+    TenureError,
+    one_line,
+    translate,
+)
 from ...validation import (
     Duration,
     check_connection,
@@ -43,6 +51,11 @@ from ...validation import (
     check_token,
     parse_duration,
 )
+
+if TYPE_CHECKING:
+    from .client import AsyncClient
+
+log = logging.getLogger("tenure.fencing")
 
 #: idle_in_transaction_session_timeout is an int of milliseconds: at most 2**31 - 1 ms.
 MAX_IDLE_TIMEOUT = (2**31 - 1) // 1000
@@ -56,6 +69,7 @@ async def fence_async(
     schema: str = "tenure",
     strict: bool = True,
     idle_timeout: Duration | bool | None = None,
+    client: AsyncClient | None = None,
 ) -> None:
     """Fence the caller's current transaction on ``conn`` with ``token``.
 
@@ -64,6 +78,9 @@ async def fence_async(
     transaction back then (leaving a ``with conn.transaction():`` block by the exception
     does). ``idle_timeout``: how long the server lets this transaction sit idle before ending
     it (default: the lease TTL; ``False`` leaves the session's setting alone).
+    ``client``: the tenure client of this schema, if you have one: a refusal is then
+    recorded as a lease event for the key's timeline on the dashboard (a separate statement
+    from its pool, on the refusal path only; ``client.fenced()`` passes itself).
     """
     check_connection(conn, AsyncConnection, what="fence()")
     check_job_key(job_key)
@@ -105,4 +122,22 @@ async def fence_async(
     assert row is not None  # the statement always returns one row
     if row[0] is None:
         metrics.emit(metrics.STALE, job_key, "fence")
+        if client is not None and client.schema == schema:
+            await record_refused(client, job_key, token, "fence")
         raise StaleTokenError(job_key, token, row[2], site="fence")
+
+
+async def record_refused(client: AsyncClient, job_key: str, token: int, detail: str) -> None:
+    """Record a refused write of ``token`` (migration 18's lease events), in autocommit on
+    ``client``'s pool. The refusal stands whatever happens here: a failure (a schema before
+    version 18, a role without INSERT, the database gone) is logged and the caller raises its
+    StaleTokenError as before."""
+    try:
+        await client.fetch(
+            "lease_event_refused",
+            {"job_key": job_key, "token": token, "detail": detail},
+            doing=f"recording the refused write of {job_key!r} with token {token}",
+            wrote=True,
+        )
+    except TenureError as exc:
+        log.debug("could not record a refused write of %r: %s", job_key, one_line(str(exc)))

@@ -40,6 +40,7 @@ from ...errors import (
     InvalidArgument,
     InvalidArgumentType,
     LeaseBusy,
+    StaleTokenError,
     TenureError,
     Timeout,
     connection_failed,
@@ -58,7 +59,7 @@ from ...validation import (
 )
 from ..models import Grant, LeaseInfo
 from ..rows import AcquireRow, LeaseRow
-from .fencing import fence
+from .fencing import fence, record_refused
 from .lease import Lease, LeaseContext
 from .results import Results
 from .waiter import ReleaseWaiter
@@ -122,9 +123,21 @@ class Client:
         """A transaction on a pooled connection, fenced with ``token`` (strict) before the
         caller's statements: they commit only if it is still the newest token of
         ``job_key``, else :class:`~tenure.StaleTokenError` is raised and it rolls back."""
-        with self._pool.connection() as conn, conn.transaction():
-            fence(conn, job_key, token, schema=self.schema)
-            yield conn
+        refused = False
+        try:
+            with self._pool.connection() as conn, conn.transaction():
+                try:
+                    fence(conn, job_key, token, schema=self.schema)
+                except StaleTokenError:
+                    refused = True
+                    raise
+                yield conn
+        finally:
+            if refused:
+                # The fence refused the token; the transaction has rolled back and its
+                # connection is back in the pool: the refusal is recorded for the key's
+                # timeline, from the pool (migration 18).
+                record_refused(self, job_key, token, "fence")
 
     def __enter__(self) -> Client:
         return self

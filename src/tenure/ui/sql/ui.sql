@@ -312,6 +312,16 @@ UNION ALL
 ORDER BY recorded_at DESC
 LIMIT %(limit)s;
 
+-- name: ui_lease_events
+-- A key's lease events (migration 18: its takeovers and refused writes), for the timeline of
+-- a key without run history (a bare library lease): the newest %(limit)s in the window
+-- (%(since)s NULL: the newest), by the primary key (job_key, id).
+SELECT id, token, event, at, detail
+FROM {schema}.lease_events
+WHERE job_key = %(job_key)s AND (%(since)s::timestamptz IS NULL OR at >= %(since)s::timestamptz)
+ORDER BY id DESC
+LIMIT %(limit)s;
+
 -- name: ui_leases
 -- Every lease (scheduler, `tenure exec` or the library), live ones first.
 WITH clock AS MATERIALIZED (
