@@ -86,9 +86,9 @@ log = logging.getLogger("tenure.scheduler")
 #: Seconds a run's body gets to stop after its cancellation at shutdown before the worker
 #: stops without it (an isolated body: also its child's SIGTERM and SIGKILL graces).
 STOP_WAIT = 1.0
-#: The schema version this worker needs (17: the presence beat writes the loop lag and the
-#: saturation; 14: runtime schedules, read by the claim).
-SCHEMA_VERSION = 17
+#: The schema version this worker needs (18: it prunes lease_events; 17: the presence beat
+#: writes the loop lag and the saturation; 14: runtime schedules, read by the claim).
+SCHEMA_VERSION = 18
 
 
 class Worker:
