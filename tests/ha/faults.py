@@ -41,14 +41,27 @@ CUT_GRACE = 1.0
 ALL = os.environ.get("TENURE_HA_ALL", "") not in ("", "0")
 
 
+#: A token's timeline is in its high bits (queries.sql's token floor).
+TIMELINE_SHIFT = 40
+
+
 def is_loss(violation: str) -> bool:
     """What losing acknowledged commits does downstream, not a fault of tenure: a run
-    acknowledged on the old primary and lost runs its slot again on the new one; the relay
-    may have delivered the lost run's message before the primary died. No token is told
-    twice and no stale write commits even then (the timeline floor): those checks stay."""
-    return violation.startswith("outbox-phantom:") or (
-        violation.startswith("slot-twice:") and " acknowledged " in violation
-    )
+    acknowledged on the old primary and lost runs its slot again on the new one; a run whose
+    evidence reached the new primary but whose finish was lost (the finish commits after
+    it) runs its slot again there too, on the new timeline, unless the same worker claims it
+    (it knows the run ended: scheduler/finisher.py ``last_done``); the relay may have
+    delivered the lost run's message before the primary died. No token is told twice and no
+    stale write commits even then (the timeline floor): those checks stay. A slot committed
+    twice on one timeline is never a loss."""
+    if violation.startswith("outbox-phantom:"):
+        return True
+    if violation.startswith("slot-twice:") and " acknowledged " in violation:
+        return True
+    if violation.startswith("slot-twice:") and "(tokens [" in violation:
+        tokens = [int(t) for t in violation.split("(tokens [", 1)[1].rstrip("])").split(",")]
+        return len({t >> TIMELINE_SHIFT for t in tokens}) == len(tokens)
+    return False
 
 
 def kill_postmaster(c: PatroniCluster) -> str:

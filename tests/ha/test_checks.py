@@ -15,6 +15,7 @@ from psycopg import sql
 from tenure import outbox
 
 from .apps import TOPIC
+from .faults import TIMELINE_SHIFT, is_loss
 from .workload import Workload
 
 J = "ha-0"
@@ -82,3 +83,15 @@ def test_every_check_finds_what_it_names(dsn: str, schema: str, tmp_path: Path) 
     assert f"slot {_slot(5)}" not in found, found  # the retry is at least once, not a fault
     assert report.retried == [f"{J} slot {_slot(5)}: tokens [8, 9]"]
     assert report.lost_acks == [f"ack-lost: run {J}@{_slot(6)}@10 was acknowledged, then lost"]
+
+
+def test_a_slot_committed_twice_is_a_loss_only_across_a_promotion() -> None:
+    # Asynchronous replication lost the first run's finish: the new primary runs the slot
+    # again on its own timeline. Two runs on one timeline are tenure's fault, never a loss.
+    step = 1 << TIMELINE_SHIFT
+    twice = "slot-twice: ha-0 slot 2026-12-04T19:17:34+00:00 has 2 committed runs"
+    across = f"{twice} (tokens [3, {step + 1}])"
+    within = f"{twice} (tokens [3, 4])"
+    assert is_loss(across)
+    assert not is_loss(within)
+    assert not is_loss("token-reissued: ha-0 token 3 told to [1, 2]")

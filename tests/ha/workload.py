@@ -421,7 +421,8 @@ class Workload:
             if all(phases[(job, slot, t)] >= {"commit", "failed"} for t in earlier):
                 report.retried.append(f"{job} slot {slot}: tokens {sorted(tokens_of[(job, slot)])}")
             else:
-                v.append(f"slot-twice: {job} slot {slot} has {n} committed runs")
+                tokens = sorted(tokens_of[(job, slot)])
+                v.append(f"slot-twice: {job} slot {slot} has {n} committed runs (tokens {tokens})")
         acked: dict[tuple[str, str], int] = defaultdict(int)
         for r in oks:
             acked[(r["job"], r["slot"])] += 1

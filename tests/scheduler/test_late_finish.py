@@ -84,3 +84,58 @@ def test_an_ended_run_whose_finish_is_late_is_not_run_again_by_its_worker(
         w.stop()
     phases = _phases(dsn, schema)
     assert [p for p, _ in phases] == ["started", "finished"], (phases, w.log())
+
+
+def test_a_run_whose_recorded_end_the_database_lost_is_not_run_again_by_its_worker(
+    dsn: str, schema: str, tmp_path: Path
+) -> None:
+    # A failover with asynchronous replication can lose the last commits: here the run's
+    # recorded end is taken back by hand (the job row says the run is still going, as the
+    # new primary's would), and the worker's next claim finds it (found in CI by
+    # tests/ha/test_patroni_async.py's lagging fault: the same worker ran the slot again).
+    prepare(dsn, schema)
+    gated_app(dsn, schema).register()
+    (tmp_path / "gate").touch()
+    env = tenure_env(dsn, schema, SCHED_GATE=str(tmp_path / "gate"))
+    w = WorkerProcess("gated", env, tmp_path / "worker.log", args=["--shutdown-grace", "1s"])
+    try:
+        w.wait_started()
+        with tenure.connect(dsn, schema=schema) as client:
+            ops.trigger(client, "gate-a", channel=channel("jobs", schema))
+        [(slot, token)] = wait_for(
+            lambda: query(
+                dsn,
+                schema,
+                "SELECT slot, token FROM {schema}.job_runs "
+                "WHERE job_key = 'gate-a' AND outcome = 'succeeded'",
+            ),
+            timeout=20,
+            what="the run's end to be recorded",
+        )
+        query(
+            dsn,
+            schema,
+            "UPDATE {schema}.scheduled_jobs SET running_slot = %s, running_kind = 'manual', "
+            "running_token = %s, running_attempt = 1 WHERE job_key = 'gate-a'",
+            (slot, token),
+        )
+        query(dsn, schema, "NOTIFY {schema}")  # any wake-up; the claim loop looks within 1 s
+        retaken = wait_for(
+            lambda: query(
+                dsn,
+                schema,
+                "SELECT fencing_token FROM {schema}.job_leases "
+                "WHERE job_key = 'gate-a' AND fencing_token > %s",
+                (token,),
+            ),
+            timeout=10,
+            what="the job to be claimed again",
+        )
+        assert retaken
+        time.sleep(2 * TTL)
+        w.signal(signal.SIGTERM)
+        assert w.wait() == 0, w.log()
+    finally:
+        w.stop()
+    phases = _phases(dsn, schema)
+    assert [p for p, _ in phases] == ["started", "finished"], (phases, w.log())

@@ -193,7 +193,7 @@ def test_sync_bodies_ending_together_wake_the_loop_once_not_once_each() -> None:
         loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
         gate = threading.Event()
         futures = [
-            in_thread(lambda ctx: gate.wait(30) and body(ctx), None, f"t{i}", lambda: None)
+            in_thread(lambda ctx: gate.wait(30) and body(ctx), None, f"t{i}", lambda cpu: None)
             for i in range(bodies)
         ]
         gate.set()

@@ -179,10 +179,10 @@ class Claimer(OnClient):
         for claim in claims:
             metrics.emit(metrics.ACQUIRE, claim.job_key, "acquired")
             prior = claim.state.running_token
-            if prior is not None and self.finisher.ended_unrecorded(claim.job_key, prior):
-                # This worker's own run, whose body ended and whose end did not reach the
-                # database before its lease expired (a stall, a lock): its slot ran, it is
-                # not retried.
+            if prior is not None and self.finisher.ran(claim.job_key, prior):
+                # This worker's own run, whose body ended and whose end the database does
+                # not have: it did not arrive before the lease expired (a stall, a lock) or
+                # was lost in a failover. Its slot ran: it is not retried.
                 claim = dataclasses.replace(
                     claim, state=dataclasses.replace(claim.state, prior_ended=True)
                 )

@@ -7,7 +7,6 @@ leaves the worker's table of runs and the claim loop wakes."""
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 
@@ -26,8 +25,6 @@ log = logging.getLogger("tenure.scheduler")
 FINISH_BATCH = 1000
 #: Seconds: under load, the finisher sends at most one statement this often.
 FINISH_EVERY = 0.05
-#: Most given-up ends remembered (:attr:`Finisher.unrecorded`).
-UNRECORDED_KEPT = 10_000
 #: Seconds: a run still going this long after its start gets its history row now (outcome
 #: 'running', completed by its finish), so that history and the dashboard show it; a shorter
 #: run's row is written once, at its end (migration 12).
@@ -62,20 +59,19 @@ class Finisher(OnClient):
         self._stopping = False
         self.runs = 0
         self.handed_over = 0
-        #: Runs whose bodies ended (succeeded or failed) and whose end could not be recorded,
-        #: newest last: a claim that takes such a job back does not run that slot again.
-        self.unrecorded: collections.OrderedDict[tuple[str, int], None] = collections.OrderedDict()
+        #: Per job, the token of this worker's last run whose body ended (succeeded or
+        #: failed): its slot ran, whatever the database says of it later. Its end may have
+        #: been given up on, or recorded and then lost (a failover with asynchronous
+        #: replication loses the last commits). One entry per job this worker ran.
+        self.last_done: dict[str, int] = {}
 
-    def ended_unrecorded(self, job_key: str, token: int) -> bool:
-        """Whether this worker's run ``(job_key, token)`` has ended, done, with its end on
-        its way to the database or given up (see :attr:`unrecorded`)."""
+    def ran(self, job_key: str, token: int) -> bool:
+        """Whether this worker's run ``(job_key, token)`` ended with its body done: its end
+        on its way to the database, given up, or recorded (see :attr:`last_done`)."""
         run = self.running.get((job_key, token))
         if run is not None:
             return run.ended and run.done
-        if (job_key, token) in self.unrecorded:
-            del self.unrecorded[(job_key, token)]  # the claim's start records it
-            return True
-        return False
+        return self.last_done.get(job_key) == token
 
     def stop(self) -> None:
         """The worker is stopping: send what is queued without pausing."""
@@ -162,7 +158,6 @@ class Finisher(OnClient):
                             exc,
                             extra=run_fields(f.ident.job_key, f.ident.token, f.ident.slot),
                         )
-                    self._given_up(ordered)
                     return {}
                 await asyncio.sleep(0.5)
             except TenureError as exc:
@@ -173,7 +168,6 @@ class Finisher(OnClient):
                         exc,
                         extra=run_fields(f.ident.job_key, f.ident.token, f.ident.slot),
                     )
-                self._given_up(ordered)
                 return {}
         recorded: dict[tuple[str, int], str] = {}
         by_key = {(f.ident.job_key, f.ident.token): f for f in ordered}
@@ -194,13 +188,6 @@ class Finisher(OnClient):
                     extra=run_fields(key, token, f.ident.slot),
                 )
         return recorded
-
-    def _given_up(self, batch: list[Finished]) -> None:
-        for f in batch:
-            if f.done:
-                self.unrecorded[(f.ident.job_key, f.ident.token)] = None
-        while len(self.unrecorded) > UNRECORDED_KEPT:
-            self.unrecorded.popitem(last=False)
 
     async def rows_in_progress(self) -> None:
         """Write the 'running' history rows of runs that outlived :data:`RUNNING_ROW_AFTER`,
@@ -241,7 +228,9 @@ class Finisher(OnClient):
         counted_out = run.lease.marked_lost  # without evaluating the deadline
         run.lease.mark_released()
         self.runs += 1
-        if not done:
+        if done:
+            self.last_done[key] = token
+        else:
             self.handed_over += 1
         if not counted_out:
             metrics.emit(metrics.RELEASE, key, value=duration)
