@@ -95,3 +95,50 @@ def test_a_slot_committed_twice_is_a_loss_only_across_a_promotion() -> None:
     assert is_loss(across)
     assert not is_loss(within)
     assert not is_loss("token-reissued: ha-0 token 3 told to [1, 2]")
+
+
+def test_a_late_end_retried_by_another_worker_is_at_least_once_by_the_same_one_a_fault(
+    dsn: str, schema: str, tmp_path: Path
+) -> None:
+    # Slot 20: acknowledged by pid 1, its end recorded as a lost lease (it arrived after
+    # another claim took the job), run again by pid 2: at least once (docs/safety.md).
+    # Slot 21: the same, but run again by pid 1 itself, which knows its run ended: a fault.
+    load = Workload(dsn, schema, tmp_path)
+    load.prepare()
+    ident = sql.Identifier(schema)
+    with psycopg.connect(dsn) as conn, conn.transaction():
+        for slot, token, pid in ((20, 30, 1), (20, 31, 2), (21, 32, 1), (21, 33, 1)):
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO {}.ha_evidence (job_key, slot, token, pid) VALUES (%s, %s, %s, %s)"
+                ).format(ident),
+                (J, _slot(slot), token, pid),
+            )
+            key = f"{J}@{_slot(slot)}@{token}"
+            outbox.enqueue(conn, TOPIC, key, {}, schema=schema)
+        for slot, token in ((20, 30), (21, 32)):
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO {}.job_runs (job_key, slot, kind, token, worker_id, host, pid, "
+                    "started_at, finished_at, outcome) VALUES (%s, %s, 'scheduled', %s, 'w', "
+                    "'h', 1, now(), now(), 'lease_lost')"
+                ).format(ident),
+                (J, _slot(slot), token),
+            )
+    runs = [
+        *_run(20, 30, "begin", "commit", "ok"),
+        *_run(20, 31, "begin", "commit", "ok", pid=2),
+        *_run(21, 32, "begin", "commit", "ok"),
+        *_run(21, 33, "begin", "commit", "ok"),
+    ]
+    _lines(tmp_path / "sched-1.jsonl", runs)
+    delivered = [f"{J}@{_slot(s)}@{t}" for s, t in ((20, 30), (20, 31), (21, 32), (21, 33))]
+    _lines(tmp_path / "relay-1.jsonl", [{"key": k, "id": 0, "attempt": 1} for k in delivered])
+    report = load.check()
+    found = "\n".join(report.violations)
+    assert f"slot {_slot(20)}" not in found, found
+    assert report.retried == [
+        f"{J} slot {_slot(20)}: tokens [30, 31] (the earlier end arrived late)"
+    ]
+    assert f"slot-twice: {J} slot {_slot(21)} has 2 committed runs" in found, found
+    assert f"slot-twice: {J} slot {_slot(21)} acknowledged 2 times" in found, found

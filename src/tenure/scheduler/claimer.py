@@ -178,11 +178,16 @@ class Claimer(OnClient):
         foreign: list[Claim] = []
         for claim in claims:
             metrics.emit(metrics.ACQUIRE, claim.job_key, "acquired")
-            prior = claim.state.running_token
-            if prior is not None and self.finisher.ran(claim.job_key, prior):
-                # This worker's own run, whose body ended and whose end the database does
-                # not have: it did not arrive before the lease expired (a stall, a lock) or
-                # was lost in a failover. Its slot ran: it is not retried.
+            prior, slot = claim.state.running_token, claim.state.running_slot
+            if (
+                prior is not None
+                and slot is not None
+                and self.finisher.ran(claim.job_key, prior, slot)
+            ):
+                # This worker ran that slot to its end and the database does not know: the
+                # end did not arrive before the lease expired (a stall, a lock) or was lost
+                # in a failover, and another claim may have left it unfinished since. The
+                # slot ran: it is not retried.
                 claim = dataclasses.replace(
                     claim, state=dataclasses.replace(claim.state, prior_ended=True)
                 )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 
 from .. import metrics
@@ -59,19 +60,19 @@ class Finisher(OnClient):
         self._stopping = False
         self.runs = 0
         self.handed_over = 0
-        #: Per job, the token of this worker's last run whose body ended (succeeded or
-        #: failed): its slot ran, whatever the database says of it later. Its end may have
-        #: been given up on, or recorded and then lost (a failover with asynchronous
-        #: replication loses the last commits). One entry per job this worker ran.
-        self.last_done: dict[str, int] = {}
+        #: Per job, the token and slot of this worker's last run whose body ended
+        #: (succeeded or failed), from the moment it ended: that slot ran, whatever the
+        #: database says of it later. Its end may be on its way, given up on, or recorded
+        #: and then lost (a failover with asynchronous replication loses the last commits);
+        #: meanwhile another claim may have taken the job and left the slot unfinished
+        #: under its own token. One entry per job this worker ran.
+        self.last_done: dict[str, tuple[int, dt.datetime]] = {}
 
-    def ran(self, job_key: str, token: int) -> bool:
-        """Whether this worker's run ``(job_key, token)`` ended with its body done: its end
-        on its way to the database, given up, or recorded (see :attr:`last_done`)."""
-        run = self.running.get((job_key, token))
-        if run is not None:
-            return run.ended and run.done
-        return self.last_done.get(job_key) == token
+    def ran(self, job_key: str, token: int, slot: dt.datetime) -> bool:
+        """Whether the unfinished run ``token`` of ``slot`` that a claim found is one this
+        worker ran to its end, or is a later attempt at the slot such a run ran."""
+        done = self.last_done.get(job_key)
+        return done is not None and (done[0] == token or done[1] == slot)
 
     def stop(self) -> None:
         """The worker is stopping: send what is queued without pausing."""
@@ -86,6 +87,8 @@ class Finisher(OnClient):
         item = Finished(run.ident, done, outcome, error)
         run.ended = True
         run.done = done
+        if done:
+            self.last_done[run.ident.job_key] = (run.ident.token, run.ident.slot)
         self.backlog += 1
         self._finishing.append((item, run, duration))
         if len(self._finishing) >= self._full:
@@ -228,9 +231,7 @@ class Finisher(OnClient):
         counted_out = run.lease.marked_lost  # without evaluating the deadline
         run.lease.mark_released()
         self.runs += 1
-        if done:
-            self.last_done[key] = token
-        else:
+        if not done:
             self.handed_over += 1
         if not counted_out:
             metrics.emit(metrics.RELEASE, key, value=duration)

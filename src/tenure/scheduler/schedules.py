@@ -357,9 +357,9 @@ class JobState:
     #: When the lease before this claim ended: with ``Policy.overlap``, slots up to it came
     #: while the previous run still held the job.
     freed_at: dt.datetime | None = None
-    #: The unfinished run is the claiming worker's own and its body has ended: its end is on
-    #: its way to the database but was not recorded before its lease expired (a stall longer
-    #: than the TTL). Its slot has run: it is not run again.
+    #: The claiming worker ran the unfinished run's slot to its end, and the database does
+    #: not know (the end was late or lost; another claim may have left the slot unfinished
+    #: since). The slot has run: it is not run again.
     prior_ended: bool = False
 
 
@@ -483,8 +483,9 @@ def plan(schedule: Schedule, policy: Policy, state: JobState, now: dt.datetime, 
         # after any run (the start writes its history row if its own finish has not).
         prior_token = state.running_token
         prior_error = (
-            f"the run with token {prior_token} ended, but its end was not recorded before its "
-            "lease expired (the database was slow or unreachable); its slot is not run again"
+            f"slot {state.running_slot.isoformat()} already ran to its end on the claiming "
+            "worker, whose record of it did not reach the database in time (slow or "
+            f"unreachable, or lost in a failover); not run again (token {prior_token})"
         )
         if state.running_kind not in unscheduled:
             done = state.running_slot
