@@ -39,6 +39,31 @@ def _phases(dsn: str, schema: str) -> list[tuple[str, int]]:
     ]
 
 
+def _retaken(dsn: str, schema: str, token: int, timeout: float) -> None:
+    """Wait until the job's lease has a token above ``token``: the worker claimed it again."""
+    wait_for(
+        lambda: query(
+            dsn,
+            schema,
+            "SELECT fencing_token FROM {schema}.job_leases "
+            "WHERE job_key = 'gate-a' AND fencing_token > %s",
+            (token,),
+        ),
+        timeout=timeout,
+        what="the job to be claimed again",
+    )
+
+
+def _stop_and_check_one_run(dsn: str, schema: str, w: WorkerProcess, settle: float) -> None:
+    """Let the worker do what it does next (within ``settle`` s), stop it, and check that the
+    body ran once."""
+    time.sleep(settle)
+    w.signal(signal.SIGTERM)
+    assert w.wait() == 0, w.log()
+    phases = _phases(dsn, schema)
+    assert [p for p, _ in phases] == ["started", "finished"], (phases, w.log())
+
+
 def test_an_ended_run_whose_finish_is_late_is_not_run_again_by_its_worker(
     dsn: str, schema: str, tmp_path: Path
 ) -> None:
@@ -63,28 +88,13 @@ def test_an_ended_run_whose_finish_is_late_is_not_run_again_by_its_worker(
             )
             # The lease expires with the finish still waiting; the worker's claim retakes
             # the job (claims only read job_runs) and its start waits behind the lock too.
-            retaken = wait_for(
-                lambda: query(
-                    dsn,
-                    schema,
-                    "SELECT fencing_token FROM {schema}.job_leases "
-                    "WHERE job_key = 'gate-a' AND fencing_token > %s",
-                    (_phases(dsn, schema)[0][1],),
-                ),
-                timeout=4 * TTL + 10,
-                what="the job to be claimed again",
-            )
-            assert retaken
+            _retaken(dsn, schema, _phases(dsn, schema)[0][1], timeout=4 * TTL + 10)
             time.sleep(0.5)
             locker.rollback()
         # Whatever the worker does next happens within a lease or two.
-        time.sleep(3 * TTL)
-        w.signal(signal.SIGTERM)
-        assert w.wait() == 0, w.log()
+        _stop_and_check_one_run(dsn, schema, w, settle=3 * TTL)
     finally:
         w.stop()
-    phases = _phases(dsn, schema)
-    assert [p for p, _ in phases] == ["started", "finished"], (phases, w.log())
 
 
 @pytest.mark.parametrize("since", ["nothing", "a lost claim"])
@@ -139,22 +149,7 @@ def test_a_run_whose_recorded_end_the_database_lost_is_not_run_again_by_its_work
             (slot, token, token),
         )
         query(dsn, schema, "NOTIFY {schema}")  # any wake-up; the claim loop looks within 1 s
-        retaken = wait_for(
-            lambda: query(
-                dsn,
-                schema,
-                "SELECT fencing_token FROM {schema}.job_leases "
-                "WHERE job_key = 'gate-a' AND fencing_token > %s",
-                (token,),
-            ),
-            timeout=10,
-            what="the job to be claimed again",
-        )
-        assert retaken
-        time.sleep(2 * TTL)
-        w.signal(signal.SIGTERM)
-        assert w.wait() == 0, w.log()
+        _retaken(dsn, schema, token, timeout=10)
+        _stop_and_check_one_run(dsn, schema, w, settle=2 * TTL)
     finally:
         w.stop()
-    phases = _phases(dsn, schema)
-    assert [p for p, _ in phases] == ["started", "finished"], (phases, w.log())
