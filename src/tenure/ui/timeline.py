@@ -48,7 +48,7 @@ LABEL = {
     "lease_lost": "lease lost",
     "stale_rejected": "write refused (stale token)",
     "running": "running",
-    "cancelled": "cancelled (handed over)",
+    "cancelled": "cancelled (handed over at shutdown, or by an operator)",
     "abandoned": "abandoned",
     "misfire_skipped": "skipped (misfire)",
     "lease": "lease (no run history: a library lease)",
