@@ -16,7 +16,7 @@ import pytest
 import tenure
 from tenure.db.channels import channel
 from tenure.scheduler import jobs as ops
-from tenure.scheduler.bodies import BodyLimit
+from tenure.scheduler.bodies import LONG_BODY_CPU, BodyLimit
 from tests.support.env import tenure_env
 from tests.support.scheduler_apps import gated_app
 from tests.support.scheduler_support import WorkerProcess, prepare, query, wait_for
@@ -210,8 +210,10 @@ def test_known_long_bodies_hold_at_most_three_quarters_of_the_slots() -> None:
         limit.release(first)
         limit.grant()
         assert limit.is_long("slow-0") and not limit.is_long("quick")
-        for i in range(1, 8):
-            limit.mark_long(f"slow-{i}")
+        for i in range(1, 8):  # and one that used LONG_BODY_CPU of its thread's CPU
+            learned = limit.take(f"slow-{i}")
+            assert learned is not None
+            limit.release(learned, LONG_BODY_CPU)
         # No quick body ran yet: long bodies may take every slot (nothing to keep them for).
         alone = [limit.take(f"slow-{i}") for i in range(8)]
         assert all(alone) and limit.busy == 8

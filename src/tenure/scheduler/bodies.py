@@ -87,10 +87,6 @@ class BodyLimit:
     def is_long(self, job_key: str) -> bool:
         return job_key in self._long_jobs
 
-    def mark_long(self, job_key: str) -> None:
-        with self._lock:
-            self._long_jobs.add(job_key)
-
     def room(self) -> bool:
         """Whether a claimed quick run could begin its body now: a slot free and no quick run
         waiting (long runs waiting for their share do not stop the claims: they wait behind

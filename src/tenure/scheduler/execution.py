@@ -57,8 +57,6 @@ class Run:
     #: Its history row is written ('running', sched_running), or its end is queued.
     row_written: bool = False
     ended: bool = False
-    #: Ended succeeded or failed (its slot ran), not handed over.
-    done: bool = False
 
     @property
     def threaded(self) -> bool:

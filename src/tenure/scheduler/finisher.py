@@ -86,7 +86,6 @@ class Finisher(OnClient):
         done = outcome in ("succeeded", "failed")
         item = Finished(run.ident, done, outcome, error)
         run.ended = True
-        run.done = done
         if done:
             self.last_done[run.ident.job_key] = (run.ident.token, run.ident.slot)
         self.backlog += 1
