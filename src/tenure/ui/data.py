@@ -10,7 +10,7 @@ import math
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import psycopg
@@ -463,7 +463,7 @@ def lease_runs(job: Job, events: Sequence[LeaseEvent]) -> tuple[Run, ...]:
             runs.append(newest)
     if runs and job.token is not None:
         # The newest holder's owner is known from the lease row; the others' are not.
-        runs = [r if r.token != job.token else _with_worker(r, owner) for r in runs]
+        runs = [r if r.token != job.token else replace(r, worker=owner) for r in runs]
     return tuple(sorted(runs, key=lambda r: (r.started_at or r.slot, r.token)))
 
 
@@ -491,24 +491,6 @@ def _lease_event_run(
         outcome="stale_rejected" if refused else "lease",
         error=error,
         recorded_at=start,
-    )
-
-
-def _with_worker(run: Run, worker: str) -> Run:
-    return Run(
-        run.run_id,
-        run.slot,
-        run.kind,
-        run.attempt,
-        run.token,
-        worker,
-        run.host,
-        run.pid,
-        run.started_at,
-        run.finished_at,
-        run.outcome,
-        run.error,
-        run.recorded_at,
     )
 
 

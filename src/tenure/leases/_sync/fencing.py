@@ -81,7 +81,8 @@ def fence(
     it (default: the lease TTL; ``False`` leaves the session's setting alone).
     ``client``: the tenure client of this schema, if you have one: a refusal is then
     recorded as a lease event for the key's timeline on the dashboard (a separate statement
-    from its pool, on the refusal path only; ``client.fenced()`` passes itself).
+    from its pool, on the refusal path only; ``client.fenced()`` records its own refusals,
+    once its transaction has rolled back and given its connection back).
     """
     check_connection(conn, Connection, what="fence()")
     check_job_key(job_key)
