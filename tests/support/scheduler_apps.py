@@ -103,6 +103,19 @@ for _i in range(int(os.environ.get("SCHED_JOBS", "20"))):
 many.add_job("manual", _tick, cron=NEVER, ttl="5s")
 
 
+# -- KEPT: ten jobs whose next slot comes within a tenth of their TTL, so a worker keeps their
+# leases from one run to the next (sched_finish); KEPT_EVERY / KEPT_TTL (1s / 30s). -----------
+
+KEPT = tenure.Scheduler()
+for _i in range(10):
+    KEPT.add_job(
+        f"kept-{_i}",
+        _tick,
+        every=os.environ.get("KEPT_EVERY", "1s"),
+        ttl=os.environ.get("KEPT_TTL", "30s"),
+    )
+
+
 # -- slow: one job that works SCHED_SLOW seconds, then stores its result (fenced) ---------
 
 slow = tenure.Scheduler()

@@ -304,23 +304,37 @@ class Finished:
     done: bool
     outcome: str
     error: str | None
+    #: The owner of the job's next claim if the finish may keep the lease for the job's next
+    #: slot (a fresh UUID, as for any claim); None: release it.
+    keep: uuid.UUID | None = None
 
 
 def finish_params(
-    finished: Sequence[Finished], *, channel: str, worker: str, host: str, pid: int
+    finished: Sequence[Finished],
+    *,
+    channel: str,
+    worker: str,
+    host: str,
+    pid: int,
+    retry: bool = False,
 ) -> dict[str, Any]:
     """The parameters of ``sched_finish`` for a batch of finished runs (one JSON text): each
-    run's end and what its history row needs, which the finish writes (migration 12)."""
+    run's end and what its history row needs, which the finish writes (migration 12), and
+    the owner of the next claim where the lease may be kept. ``retry``: the same batch was
+    sent before and its answer was lost."""
     runs = []
     for f in finished:
         row = f.ident.row()
         row["done"] = f.done
         row["outcome"] = f.outcome
         row["error"] = _text(f.error)
+        if f.keep is not None:
+            row["keep"] = str(f.keep)
         runs.append(row)
     return {
         "runs": json.dumps(runs, separators=(",", ":")),
         "count": len(runs),
+        "retry": retry,
         "channel": channel,
         "worker": worker,
         "host": host,

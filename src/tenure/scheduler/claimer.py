@@ -141,6 +141,31 @@ class Claimer(OnClient):
             self.starter.wake_claims = True
         return min(self.claim_ahead - unstarted, self.finish_backlog - self.finisher.backlog)
 
+    def reserve(self, wanted: int) -> int:
+        """Room for up to ``wanted`` claims of leases the finisher keeps for their jobs' next
+        slots (:class:`~.finisher.Keeper`), counted against ``claim_ahead`` at once, as a
+        claim's are: none while a body slot is wanted (see :meth:`_room`: a busy worker lets
+        its jobs go to others) or the worker stops."""
+        if self._stopping or not self.limit.room():
+            return 0
+        room = self.claim_ahead - (self.starter.starting + self.limit.waiting)
+        taken = max(0, min(wanted, room))
+        self.starter.starting += taken
+        return taken
+
+    def kept(self, rows: list[ClaimRow], reserved: int, sent: float, received: float) -> None:
+        """The claims of the leases a finish kept, planned and queued as a claim's are (given
+        back if the worker stopped meanwhile); the room reserved for the others is freed."""
+        self.starter.starting -= reserved
+        claims = [Claim.from_rows(row, row) for row in rows]
+        if claims and self._stopping:
+            self.starter.background(release_claims(self.client, claims))
+        elif claims:
+            self.starter.starting += len(claims)
+            self._plan_claimed(claims, sent, received)
+        if len(claims) < reserved:
+            self._wake.set()
+
     async def _sleep_unless_stopping(self, seconds: float) -> None:
         end = asyncio.get_running_loop().time() + seconds
         while not self._stopping:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import datetime as dt
 import logging
 import os
 import queue
@@ -57,6 +58,8 @@ class Run:
     #: Its history row is written ('running', sched_running), or its end is queued.
     row_written: bool = False
     ended: bool = False
+    #: The job's next slot after this run, as planned (the finish may keep its lease for it).
+    next_slot: dt.datetime | None = None
 
     @property
     def threaded(self) -> bool:

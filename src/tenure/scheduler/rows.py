@@ -87,15 +87,60 @@ class RegisteredRow(NamedTuple):
 
 @row_of("sched_finish")
 class FinishedRow(NamedTuple):
-    """One run ``sched_finish`` recorded: ``matched`` False when the job was taken over;
-    ``outcome`` what was recorded; ``current`` the job's token now."""
+    """One row of ``sched_finish``: a run it recorded (``token`` set: ``matched`` False when
+    the job was taken over; ``outcome`` what was recorded; ``current`` the job's token now),
+    or a lease it kept for the job's next slot (``token`` NULL): from ``lease_owner`` on, the
+    columns of :class:`ClaimRow` (:meth:`claim`)."""
 
     job_key: str
-    token: int
+    token: int | None
     matched: bool
     outcome: str | None
     current: int | None
     notified: object
+    lease_owner: uuid.UUID
+    fencing_token: int | None
+    lease_until: dt.datetime
+    cron: str | None
+    every: dt.timedelta | None
+    timezone: str
+    ttl: dt.timedelta
+    misfire: str
+    misfire_grace: dt.timedelta | None
+    on_crash: str
+    revision: int
+    next_slot: dt.datetime
+    done_slot: dt.datetime | None
+    running_slot: dt.datetime | None
+    running_kind: str | None
+    running_token: int | None
+    running_attempt: int | None
+    trigger_at: dt.datetime | None
+    now: dt.datetime
+    ready_at: dt.datetime | None
+    prior_gone: bool
+    crash_streak: int
+    quarantine_after: int | None
+    freed_at: dt.datetime | None
+    task: str | None
+    args: dict[str, Any] | None
+    run_at: dt.datetime | None
+    starts_at: dt.datetime | None
+    ends_at: dt.datetime | None
+    jitter: dt.timedelta | None
+    max_runs: int | None
+    runs_started: int
+    overlap: str | None
+    backfill_next: dt.datetime | None
+    backfill_to: dt.datetime | None
+
+    def claim(self) -> ClaimRow:
+        """A kept lease's row as the claim's (the same columns, in the same order)."""
+        return ClaimRow._make((self.job_key, *self[_CLAIM_FROM:]))
+
+
+#: Where the claim's columns begin in a row of ``sched_finish``.
+_CLAIM_FROM = FinishedRow._fields.index("lease_owner")
 
 
 @row_of("sched_list")

@@ -143,6 +143,9 @@ class Worker:
             wake=self._wake,
             saturation=self.saturation,
         )
+        # Leases of runs that end done are kept for their jobs' next slots where the claim
+        # loop has room (finisher.py): their claims go to it.
+        self.finisher.keeper = self.claimer
         # Its row of the job keys it defines (scheduler/presence.py); beats add to the exclude
         # and report the loop lag and saturation (the dashboard's workers page).
         self.presence = Presence(
@@ -353,7 +356,8 @@ class Worker:
             decided.attempt,
             started_at,
         )
-        run = Run(spec, ident, ctx, lease, monotonic())
+        following = decided.next_slot or claim.state.next_slot
+        run = Run(spec, ident, ctx, lease, monotonic(), next_slot=following)
         if decided.run_kind == "scheduled":
             metrics.emit(
                 metrics.JOB_LATENESS,
@@ -402,6 +406,8 @@ class Worker:
         finisher = self.finisher.task
         if finisher is not None:  # the ends those runs queued, recorded before closing
             await asyncio.wait({finisher}, timeout=10.0)
+        if self.starter.tasks:  # leases a last finish kept, given back
+            await asyncio.wait(set(self.starter.tasks), timeout=self.shutdown_grace)
         if self.handed_over:
             with contextlib.suppress(TenureError):
                 await self.client.fetch(

@@ -420,14 +420,47 @@ RETURNING l.job_key;
 -- history row is written here, once (migration 12): inserted, or completed where it is
 -- already there (a long run's 'running' row, or the lease_lost row of a successor that took
 -- the job over meanwhile: the run's own end is what it records), except a row an operator
--- wrote when cancelling the run (sched_cancel), which stands. One row back per run:
--- matched (the fence held), the recorded outcome, the job's current claim.
+-- wrote when cancelling the run (sched_cancel), which stands, and a row this run's own
+-- earlier attempt at this statement wrote (a retry after a lost answer keeps the outcome).
+--
+-- Kept leases (docs/safety.md, "Keeping the lease for the next slot"): a done run with a
+-- `keep` owner (a fresh UUID from the worker, which has room for it) whose job's next slot
+-- comes within a tenth of its TTL is not released but claimed again for that slot, in this
+-- same statement: owner `keep`, token + 1 (at least the floor), job_state.token moved (strict
+-- fencing) and claim_token set, as sched_claim would a moment later. Only where nothing else
+-- is pending (not paused, no trigger or backfill) and the fence row is free (a fenced
+-- transaction still open on it makes the job released instead, as the claim skips it).
+-- Lock order as the claim's: job_state (SKIP LOCKED), scheduled_jobs, then job_leases.
+-- A row per run (its end), then a row per lease kept (its claim: the columns of sched_claim
+-- from lease_owner on, token NULL). %(retry)s: this batch was sent before and its answer lost;
+-- a lease its first attempt kept (owner `keep`, not started since) comes back as kept.
 WITH f AS MATERIALIZED (
     SELECT *
     FROM json_to_recordset(%(runs)s::json)
         AS f(job_key text, token bigint, owner uuid, slot timestamptz, kind text,
-             attempt integer, started_at timestamptz, done boolean, outcome text, error text)
+             attempt integer, started_at timestamptz, done boolean, outcome text, error text,
+             keep uuid)
     LIMIT %(count)s  -- the planner's row estimate, see sched_start
+), fence AS MATERIALIZED (
+    SELECT s.job_key
+    FROM {schema}.job_state AS s
+    WHERE s.job_key IN (SELECT job_key FROM f WHERE f.keep IS NOT NULL AND f.done)
+    ORDER BY s.job_key
+    FOR NO KEY UPDATE SKIP LOCKED
+), keep AS MATERIALIZED (
+    -- Read from the statement's snapshot: the fence below is checked again on the locked
+    -- job row, and what else could change meanwhile (a pause, a trigger, a new definition)
+    -- the start checks again, as it does for any claim.
+    SELECT f.job_key, f.token, f.keep, greatest(f.token + 1, {token_floor}) AS next_token
+    FROM f
+    JOIN {schema}.scheduled_jobs AS j ON j.job_key = f.job_key
+    JOIN {schema}.job_leases AS l
+      ON l.job_key = f.job_key AND l.lease_owner = f.owner AND l.fencing_token = f.token
+    WHERE f.keep IS NOT NULL AND f.done
+      AND f.job_key IN (SELECT job_key FROM fence)
+      AND j.claim_token = f.token AND j.running_token = f.token
+      AND NOT j.paused AND j.trigger_at IS NULL AND j.backfill_next IS NULL
+      AND j.next_slot <= clock_timestamp() + j.ttl / 10
 ), job AS (
     UPDATE {schema}.scheduled_jobs AS j
     SET running_slot = CASE WHEN f.done THEN NULL ELSE j.running_slot END,
@@ -435,22 +468,72 @@ WITH f AS MATERIALIZED (
         running_token = CASE WHEN f.done THEN NULL ELSE j.running_token END,
         running_attempt = CASE WHEN f.done THEN NULL ELSE j.running_attempt END,
         -- Done: due at the next slot, where the start already put it (no index entry moves).
-        -- Not done: due at once (running_slot stays).
-        held_until = NULL,
+        -- Not done: due at once (running_slot stays). Kept: as sched_claim's `mark` puts a
+        -- claimed job (the start's guess for an `every` job; else the lease's expiry).
+        held_until = CASE
+            WHEN k.job_key IS NULL THEN NULL
+            WHEN j.every IS NOT NULL AND j.jitter IS NULL
+                 AND j.next_slot + make_interval(secs => extract(epoch FROM j.every))
+                     > clock_timestamp()
+            THEN least(j.next_slot + make_interval(secs => extract(epoch FROM j.every)),
+                       clock_timestamp() + j.ttl)
+            ELSE clock_timestamp() + j.ttl END,
+        claim_token = coalesce(k.next_token, j.claim_token),
+        claimed_at = CASE WHEN k.job_key IS NULL THEN j.claimed_at ELSE clock_timestamp() END,
         done_slot = CASE WHEN f.done AND f.kind NOT IN ('manual', 'backfill')
                          THEN greatest(j.done_slot, f.slot) ELSE j.done_slot END,
         -- This run recorded its end: its worker was not gone (unless it is one that did not
         -- stop at its worker's shutdown: the next claim counts it as a crash).
         crash_streak = CASE WHEN f.outcome = 'abandoned' THEN j.crash_streak ELSE 0 END
     FROM f
+    LEFT JOIN keep AS k ON k.job_key = f.job_key AND k.token = f.token
     WHERE j.job_key = f.job_key AND j.claim_token = f.token AND j.running_token = f.token
-    RETURNING j.job_key, f.token
+    RETURNING j.job_key, f.token, f.owner, k.keep, k.next_token, j.cron, j.every, j.timezone,
+              j.ttl, j.misfire, j.misfire_grace, j.on_crash, j.revision, j.next_slot,
+              j.done_slot, j.trigger_at, j.crash_streak, j.quarantine_after, j.task, j.args,
+              j.run_at, j.starts_at, j.ends_at, j.jitter, j.max_runs, j.runs_started,
+              j.overlap, j.backfill_next, j.backfill_to
+), taken AS (
+    -- The kept leases: the job row is locked and matched above, so no claim can take the job
+    -- over now; the lease row is matched on the run's own owner and token.
+    UPDATE {schema}.job_leases AS l
+    SET lease_owner = job.keep, fencing_token = job.next_token,
+        lease_until = clock_timestamp() + job.ttl, lease_ttl = job.ttl,
+        acquired_at = clock_timestamp(), renewed_at = clock_timestamp()
+    FROM job
+    WHERE job.keep IS NOT NULL
+      AND l.job_key = job.job_key AND l.lease_owner = job.owner AND l.fencing_token = job.token
+    RETURNING l.job_key, l.lease_owner, l.fencing_token, l.lease_until, clock_timestamp() AS now,
+              job.cron, job.every, job.timezone, job.ttl, job.misfire, job.misfire_grace,
+              job.on_crash, job.revision, job.next_slot, job.done_slot, job.trigger_at,
+              job.crash_streak, job.quarantine_after, job.task, job.args, job.run_at,
+              job.starts_at, job.ends_at, job.jitter, job.max_runs, job.runs_started,
+              job.overlap, job.backfill_next, job.backfill_to
+), state AS (
+    UPDATE {schema}.job_state AS s
+    SET token = t.fencing_token
+    FROM taken AS t
+    WHERE s.job_key = t.job_key
+), again AS (
+    -- A retry: leases the first attempt kept and whose start nobody recorded since.
+    SELECT l.job_key, l.lease_owner, l.fencing_token, l.lease_until, clock_timestamp() AS now,
+           j.cron, j.every, j.timezone, j.ttl, j.misfire, j.misfire_grace, j.on_crash,
+           j.revision, j.next_slot, j.done_slot, j.trigger_at, j.crash_streak,
+           j.quarantine_after, j.task, j.args, j.run_at, j.starts_at, j.ends_at, j.jitter,
+           j.max_runs, j.runs_started, j.overlap, j.backfill_next, j.backfill_to
+    FROM f
+    JOIN {schema}.job_leases AS l ON l.job_key = f.job_key AND l.lease_owner = f.keep
+    JOIN {schema}.scheduled_jobs AS j
+      ON j.job_key = f.job_key AND j.claim_token = l.fencing_token
+    WHERE %(retry)s::boolean AND f.keep IS NOT NULL AND j.running_token IS NULL
+      AND l.lease_until >= clock_timestamp()
 ), released AS (
     UPDATE {schema}.job_leases AS l
     SET lease_until = clock_timestamp()
     FROM f
     WHERE l.job_key = f.job_key AND l.lease_owner = f.owner AND l.fencing_token = f.token
       AND l.lease_until >= clock_timestamp()
+      AND f.job_key NOT IN (SELECT job_key FROM job WHERE job.keep IS NOT NULL)
     RETURNING l.job_key
 ), m AS (
     -- Each run's fence match, stated once for its history row and for the answer; a run
@@ -459,7 +542,8 @@ WITH f AS MATERIALIZED (
     SELECT f.*, f.matched OR f.outcome NOT IN ('succeeded', 'failed')
                 OR NOT EXISTS (SELECT 1 FROM {schema}.scheduled_jobs AS s
                                WHERE s.job_key = f.job_key) AS own
-    FROM (SELECT f.*, (f.job_key, f.token) IN (SELECT job_key, token FROM job) AS matched
+    FROM (SELECT f.*, (f.job_key, f.token) IN (SELECT job_key, token FROM job)
+                      OR f.job_key IN (SELECT job_key FROM again) AS matched
           FROM f) AS f
 ), run AS (
     INSERT INTO {schema}.job_runs AS r
@@ -479,8 +563,10 @@ WITH f AS MATERIALIZED (
     ORDER BY m.job_key, m.token
     ON CONFLICT (job_key, token) WHERE started_at IS NOT NULL DO UPDATE
     SET outcome = excluded.outcome, error = excluded.error, finished_at = excluded.finished_at
-    -- A run an operator cancelled (sched_cancel) keeps that row: it says why it ended.
-    WHERE r.outcome <> 'cancelled'
+    -- A run an operator cancelled (sched_cancel) keeps that row: it says why it ended. A
+    -- succeeded or failed row is only ever the run's own end (this statement, fence held):
+    -- an attempt of it sent again after its answer was lost does not overwrite it.
+    WHERE r.outcome NOT IN ('cancelled', 'succeeded', 'failed')
     RETURNING r.job_key, r.token, r.outcome
 )
 SELECT m.job_key, m.token, m.matched,
@@ -492,9 +578,33 @@ SELECT m.job_key, m.token, m.matched,
        CASE WHEN NOT m.matched
             THEN (SELECT s.claim_token FROM {schema}.scheduled_jobs AS s
                   WHERE s.job_key = m.job_key) END AS current,
-       CASE WHEN NOT m.done THEN pg_notify(%(channel)s, m.job_key)::text END AS notified
+       CASE WHEN NOT m.done THEN pg_notify(%(channel)s, m.job_key)::text END AS notified,
+       NULL::uuid AS lease_owner, NULL::bigint AS fencing_token, NULL::timestamptz AS lease_until,
+       NULL::text AS cron, NULL::interval AS every, NULL::text AS timezone,
+       NULL::interval AS ttl, NULL::text AS misfire, NULL::interval AS misfire_grace,
+       NULL::text AS on_crash, NULL::integer AS revision, NULL::timestamptz AS next_slot,
+       NULL::timestamptz AS done_slot, NULL::timestamptz AS running_slot,
+       NULL::text AS running_kind, NULL::bigint AS running_token,
+       NULL::integer AS running_attempt, NULL::timestamptz AS trigger_at,
+       NULL::timestamptz AS now, NULL::timestamptz AS ready_at, NULL::boolean AS prior_gone,
+       NULL::integer AS crash_streak, NULL::integer AS quarantine_after,
+       NULL::timestamptz AS freed_at, NULL::text AS task, NULL::jsonb AS args,
+       NULL::timestamptz AS run_at, NULL::timestamptz AS starts_at,
+       NULL::timestamptz AS ends_at, NULL::interval AS jitter, NULL::integer AS max_runs,
+       NULL::integer AS runs_started, NULL::text AS overlap,
+       NULL::timestamptz AS backfill_next, NULL::timestamptz AS backfill_to
 FROM m
-LEFT JOIN run ON run.job_key = m.job_key AND run.token = m.token;
+LEFT JOIN run ON run.job_key = m.job_key AND run.token = m.token
+UNION ALL
+-- The kept leases' claims (a job's unfinished run is none: running_* NULL; prior_gone false;
+-- freed_at NULL: the lease before this claim was this worker's own).
+SELECT k.job_key, NULL, NULL, NULL, NULL, NULL, k.lease_owner, k.fencing_token, k.lease_until,
+       k.cron, k.every, k.timezone, k.ttl, k.misfire, k.misfire_grace, k.on_crash, k.revision,
+       k.next_slot, k.done_slot, NULL, NULL, NULL, NULL, k.trigger_at, k.now, NULL, false,
+       k.crash_streak, k.quarantine_after, NULL, k.task, k.args, k.run_at, k.starts_at,
+       k.ends_at, k.jitter, k.max_runs, k.runs_started, k.overlap, k.backfill_next,
+       k.backfill_to
+FROM (SELECT * FROM taken UNION ALL SELECT * FROM again) AS k;
 
 -- name: sched_running
 -- The history rows of runs still in progress a while after their start (the worker sends
