@@ -109,9 +109,9 @@ def _check_app_path(ctx: click.Context, param: click.Parameter, value: str) -> s
     default=None,
     envvar="TENURE_CLAIM_AHEAD",
     show_envvar=True,
-    help="Most claimed runs whose bodies have not begun (claimed ahead of their slots, being "
-    "started, or waiting for a body slot); the worker claims nothing more while it has as "
-    "many. [default: the app's, 1000]",
+    help="Most claimed runs whose bodies have not begun (claimed ahead of their slots, kept "
+    "for their next slots as runs end, being started, or waiting for a body slot); the worker "
+    "claims nothing more while it has as many. [default: the app's, 10000]",
 )
 @click.option(
     "--finish-backlog",

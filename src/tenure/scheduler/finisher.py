@@ -188,7 +188,7 @@ class Finisher(OnClient):
             and run.next_slot is not None
             and (run.next_slot - item.ident.started_at).total_seconds() - (now - run.launched)
             <= run.lease.ttl / 10
-            and random.randrange(RELEASE_ODDS)
+            and random.randrange(RELEASE_ODDS) != 0
         ]
         reserved = keeper.reserve(len(wanted)) if wanted else 0
         if reserved:

@@ -28,8 +28,8 @@ class WorkerSettings:
     shutdown_grace: float
     #: Take over job keys another app registered.
     adopt: bool = False
-    #: Most claimed runs whose bodies have not begun (claimed ahead of their slots, being
-    #: started, or waiting for a body slot).
-    claim_ahead: int = 1000
+    #: Most claimed runs whose bodies have not begun (claimed ahead of their slots, kept for
+    #: their next slots, being started, or waiting for a body slot).
+    claim_ahead: int = 10_000
     #: Most ended runs whose end is not recorded yet (waiting for the batching finisher).
     finish_backlog: int = 1000

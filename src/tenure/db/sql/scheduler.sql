@@ -447,20 +447,24 @@ WITH f AS MATERIALIZED (
     WHERE s.job_key IN (SELECT job_key FROM f WHERE f.keep IS NOT NULL AND f.done)
     ORDER BY s.job_key
     FOR NO KEY UPDATE SKIP LOCKED
-), keep AS MATERIALIZED (
-    -- Read from the statement's snapshot: the fence below is checked again on the locked
-    -- job row, and what else could change meanwhile (a pause, a trigger, a new definition)
-    -- the start checks again, as it does for any claim.
-    SELECT f.job_key, f.token, f.keep, greatest(f.token + 1, {token_floor}) AS next_token
+), fk AS MATERIALIZED (
+    -- Each run, with the token of its job's next claim where its lease is kept (NULL: it is
+    -- released). Read from the statement's snapshot: the fence below is checked again on the
+    -- locked job row, and what else could change meanwhile (a pause, a trigger, a new
+    -- definition) the start checks again, as it does for any claim. One row per run, joined
+    -- by index or hash (a CTE of kept runs joined to the runs made a nested loop: n * n).
+    SELECT f.*,
+           CASE WHEN f.keep IS NOT NULL AND f.done
+                     AND l.lease_owner = f.owner AND l.fencing_token = f.token
+                     AND j.claim_token = f.token AND j.running_token = f.token
+                     AND NOT j.paused AND j.trigger_at IS NULL AND j.backfill_next IS NULL
+                     AND j.next_slot <= clock_timestamp() + j.ttl / 10
+                     AND f.job_key IN (SELECT job_key FROM fence)
+                THEN greatest(f.token + 1, {token_floor}) END AS next_token
     FROM f
-    JOIN {schema}.scheduled_jobs AS j ON j.job_key = f.job_key
-    JOIN {schema}.job_leases AS l
-      ON l.job_key = f.job_key AND l.lease_owner = f.owner AND l.fencing_token = f.token
-    WHERE f.keep IS NOT NULL AND f.done
-      AND f.job_key IN (SELECT job_key FROM fence)
-      AND j.claim_token = f.token AND j.running_token = f.token
-      AND NOT j.paused AND j.trigger_at IS NULL AND j.backfill_next IS NULL
-      AND j.next_slot <= clock_timestamp() + j.ttl / 10
+    LEFT JOIN {schema}.scheduled_jobs AS j ON j.job_key = f.job_key
+    LEFT JOIN {schema}.job_leases AS l ON l.job_key = f.job_key
+    LIMIT %(count)s  -- the planner's row estimate, as above
 ), job AS (
     UPDATE {schema}.scheduled_jobs AS j
     SET running_slot = CASE WHEN f.done THEN NULL ELSE j.running_slot END,
@@ -471,28 +475,29 @@ WITH f AS MATERIALIZED (
         -- Not done: due at once (running_slot stays). Kept: as sched_claim's `mark` puts a
         -- claimed job (the start's guess for an `every` job; else the lease's expiry).
         held_until = CASE
-            WHEN k.job_key IS NULL THEN NULL
+            WHEN f.next_token IS NULL THEN NULL
             WHEN j.every IS NOT NULL AND j.jitter IS NULL
                  AND j.next_slot + make_interval(secs => extract(epoch FROM j.every))
                      > clock_timestamp()
             THEN least(j.next_slot + make_interval(secs => extract(epoch FROM j.every)),
                        clock_timestamp() + j.ttl)
             ELSE clock_timestamp() + j.ttl END,
-        claim_token = coalesce(k.next_token, j.claim_token),
-        claimed_at = CASE WHEN k.job_key IS NULL THEN j.claimed_at ELSE clock_timestamp() END,
+        claim_token = coalesce(f.next_token, j.claim_token),
+        claimed_at = CASE WHEN f.next_token IS NULL THEN j.claimed_at
+                          ELSE clock_timestamp() END,
         done_slot = CASE WHEN f.done AND f.kind NOT IN ('manual', 'backfill')
                          THEN greatest(j.done_slot, f.slot) ELSE j.done_slot END,
         -- This run recorded its end: its worker was not gone (unless it is one that did not
         -- stop at its worker's shutdown: the next claim counts it as a crash).
         crash_streak = CASE WHEN f.outcome = 'abandoned' THEN j.crash_streak ELSE 0 END
-    FROM f
-    LEFT JOIN keep AS k ON k.job_key = f.job_key AND k.token = f.token
+    FROM fk AS f
     WHERE j.job_key = f.job_key AND j.claim_token = f.token AND j.running_token = f.token
-    RETURNING j.job_key, f.token, f.owner, k.keep, k.next_token, j.cron, j.every, j.timezone,
-              j.ttl, j.misfire, j.misfire_grace, j.on_crash, j.revision, j.next_slot,
-              j.done_slot, j.trigger_at, j.crash_streak, j.quarantine_after, j.task, j.args,
-              j.run_at, j.starts_at, j.ends_at, j.jitter, j.max_runs, j.runs_started,
-              j.overlap, j.backfill_next, j.backfill_to
+    RETURNING j.job_key, f.token, f.owner,
+              CASE WHEN f.next_token IS NOT NULL THEN f.keep END AS keep, f.next_token,
+              j.cron, j.every, j.timezone, j.ttl, j.misfire, j.misfire_grace, j.on_crash,
+              j.revision, j.next_slot, j.done_slot, j.trigger_at, j.crash_streak,
+              j.quarantine_after, j.task, j.args, j.run_at, j.starts_at, j.ends_at, j.jitter,
+              j.max_runs, j.runs_started, j.overlap, j.backfill_next, j.backfill_to
 ), taken AS (
     -- The kept leases: the job row is locked and matched above, so no claim can take the job
     -- over now; the lease row is matched on the run's own owner and token.
