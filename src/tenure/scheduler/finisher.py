@@ -89,6 +89,8 @@ class Finisher(OnClient):
         self._stopping = False
         self.runs = 0
         self.handed_over = 0
+        #: Leases kept for the job's next slot (their claims went to the keeper).
+        self.kept = 0
         #: Per job, the token and slot of this worker's last run whose body ended
         #: (succeeded or failed), from the moment it ended: that slot ran, whatever the
         #: database says of it later. Its end may be on its way, given up on, or recorded
@@ -149,6 +151,7 @@ class Finisher(OnClient):
                 finally:
                     if reserved:
                         assert self.keeper is not None
+                        self.kept += len(claims)
                         self.keeper.kept(claims, reserved, sent, monotonic())
                 ended, batch = batch, []
                 for item, run, duration in ended:

@@ -293,10 +293,12 @@ class Worker:
                 self.request_stop(True)
             await self._drain()
             log.info(
-                "tenure %s stopped: %d jobs, %d runs, %d handed over%s",
+                "tenure %s stopped: %d jobs, %d runs, %d leases kept for a next slot, "
+                "%d handed over%s",
                 self.label,
                 len(specs),
                 self.runs,
+                self.finisher.kept,
                 self.handed_over,
                 f", {self.left_behind} left behind (did not stop)" if self.left_behind else "",
                 extra={"worker": self.id},
