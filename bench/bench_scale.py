@@ -615,8 +615,8 @@ def main() -> None:
             head = (
                 "| side | body | asked/s | workers | no-op late p50 / p99 / max ms "
                 "| no-op bodies began late p50 / p99 / max ms "
-                "| worker CPU ms/run | server CPU ms/run | xacts/run | row writes/run "
-                "| WAL B/run | loop s |"
+                "| worker CPU ms/run | server CPU ms/run | cores asked | xacts/run "
+                "| row writes/run | WAL B/run | loop s |"
             )
             print()
             print(head)
@@ -630,10 +630,18 @@ def main() -> None:
                     if not b or not b["runs"]
                     else (f"{b['p50_ms']:,} / {b['p99_ms']:,} / {b['max_ms']:,}")
                 )
+                # Where the time goes at the asked rate: the cores that many runs a second need
+                # at this row's CPU per run, the workers' and their backends' together (this
+                # machine has os.cpu_count()).
+                need = (
+                    "-"
+                    if "worker_cpu_ms" not in c
+                    else f"{r['rate'] * (c['worker_cpu_ms'] + c['server_cpu_ms']) / 1000:.2f}"
+                )
                 print(
                     f"| {r['side']} | {r['body']} | {r['rate']:,} | {r['workers']} | {late} | "
                     f"{began} | "
-                    f"{c.get('worker_cpu_ms', '-')} | {c.get('server_cpu_ms', '-')} | "
+                    f"{c.get('worker_cpu_ms', '-')} | {c.get('server_cpu_ms', '-')} | {need} | "
                     f"{c.get('xacts', '-')} | {c.get('row_writes', '-')} | "
                     f"{c.get('wal_bytes', '-')} | {r['loop_s']} |"
                 )
@@ -642,6 +650,11 @@ def main() -> None:
                 print(f"\n{r['side']}, {r['rate']:,}/s, {r['schedule']}, {r['workers']} workers:")
                 for b in r["timeline"]:
                     print("   ", json.dumps(b))
+        if any(r["costs"] for r in results):
+            print(
+                f"\ncores asked: the asked runs/s times the row's worker and server CPU per run; "
+                f"this machine has {os.cpu_count()}"
+            )
         print(f"\nload average at start {load[0]}, at end {load[-1]}")
         print("check", "FAILED (a slot ran twice or before its time)" if failed else "ok")
     sys.exit(1 if failed else 0)
