@@ -9,6 +9,7 @@ worker sends them; the worker-level ones run real workers."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import threading
 import time
@@ -23,8 +24,9 @@ import tenure
 from tenure.db.channels import channel
 from tenure.scheduler import jobs as ops
 from tenure.scheduler.claim import Claim, Finished, RunIdentity, finish_params, start_params
-from tenure.scheduler.rows import ClaimRow, FinishedRow
+from tenure.scheduler.rows import ClaimRow, FinishedRow, StartedRow
 from tenure.scheduler.schedules import plan
+from tenure.verify import tables as verify_tables
 from tests.support.env import tenure_env
 from tests.support.scheduler_support import (
     InProcessWorker,
@@ -54,14 +56,21 @@ def _run(client: tenure.Client, dsn: str, schema: str) -> RunIdentity:
 
 
 def _start(client: tenure.Client, claim: Claim) -> RunIdentity:
+    """``sched_start`` of a claim as the starter sends it: the run's identity (a kept job's
+    with the token its start took)."""
     decided = plan(claim.schedule(), claim.policy(), claim.state, claim.at, claim.token)
     assert decided.run_slot is not None and decided.run_kind is not None
-    [(key, started_at)] = client.fetch(
-        "sched_start", start_params([(claim, decided)], **WHO), doing="starting", wrote=True
+    [row] = client.fetch(
+        "sched_start",
+        start_params([(claim, decided)], **WHO),
+        doing="starting",
+        wrote=True,
+        row=StartedRow,
     )
-    assert key == claim.job_key
+    assert row.job_key == claim.job_key and row.started_at is not None
+    token = claim.token if row.token is None else row.token
     return RunIdentity(
-        key, claim.token, claim.owner, decided.run_slot, decided.run_kind, 1, started_at
+        row.job_key, token, claim.owner, decided.run_slot, decided.run_kind, 1, row.started_at
     )
 
 
@@ -69,12 +78,12 @@ def _finish(
     client: tenure.Client,
     schema: str,
     ident: RunIdentity,
-    keep: uuid.UUID | None,
+    keep: bool,
     *,
     retry: bool = False,
     outcome: str = "succeeded",
 ) -> tuple[list[FinishedRow], list[ClaimRow]]:
-    """``sched_finish`` for one run: its end's rows and the claims of the leases it kept."""
+    """``sched_finish`` for one run: its end's rows and the rows of the jobs it kept."""
     done = outcome in ("succeeded", "failed")
     params = finish_params(
         [Finished(ident, done, outcome, None, keep)],
@@ -86,12 +95,22 @@ def _finish(
     return [r for r in rows if r.token is not None], [r.claim() for r in rows if r.token is None]
 
 
+def _kept_claim(row: ClaimRow) -> Claim:
+    """A kept job's row as the worker's claim loop takes it (Claimer.kept)."""
+    claim = Claim.from_rows(row, row)
+    return dataclasses.replace(
+        claim, owner=uuid.uuid4(), lease_until=claim.now + claim.ttl, take=True
+    )
+
+
 def _lease(dsn: str, schema: str) -> tuple[Any, ...]:
+    """The job's lease (owner, token, live), fence row token, claim token, running token,
+    and whether it is due for other workers' claims now."""
     [row] = query(
         dsn,
         schema,
         "SELECT l.lease_owner, l.fencing_token, l.lease_until >= clock_timestamp(), s.token, "
-        "j.claim_token, j.running_token, j.due_at > clock_timestamp() "
+        "j.claim_token, j.running_token, j.due_at <= clock_timestamp() + interval '0.2 s' "
         "FROM {schema}.job_leases AS l JOIN {schema}.job_state AS s USING (job_key) "
         "JOIN {schema}.scheduled_jobs AS j USING (job_key) WHERE job_key = 'k'",
     )
@@ -106,167 +125,192 @@ def _outcomes(dsn: str, schema: str) -> list[tuple[Any, ...]]:
     )
 
 
-def test_a_finish_keeps_the_lease_for_a_next_slot_within_a_tenth_of_the_ttl(
-    dsn: str, schema: str
-) -> None:
-    """Every 1 s with a 30 s TTL: the next slot is within 3 s, so the finish claims it. The
-    claim is a takeover as any: the new owner, token + 1, the fence row moved (a write of
-    the ended run's token is refused from now on), the job not due while the lease is held."""
+def test_a_kept_job_s_start_takes_its_released_lease_over(dsn: str, schema: str) -> None:
+    """Every second: the next slot is within KEEP_AHEAD, so the finish keeps the job. It
+    releases the lease as any finish does (the ended run's token writes nothing from now on),
+    and the job is not due for other workers' claims until RESERVE after its next slot. The
+    start of that slot takes the lease over as a claim would: after its expiry, a new owner,
+    token + 1, the fence row moved."""
     prepare(dsn, schema)
     _app(dsn, schema)
     with tenure.connect(dsn, schema=schema) as client:
         ident = _run(client, dsn, schema)
-        keep = uuid.uuid4()
-        [ended], [kept] = _finish(client, schema, ident, keep)
+        [ended], [row] = _finish(client, schema, ident, True)
         assert (ended.matched, ended.outcome) == (True, "succeeded")
-        claim = Claim.from_rows(kept, kept)
-        assert (claim.owner, claim.token) == (keep, ident.token + 1)
-        assert claim.state.running_slot is None and claim.state.next_slot > ident.slot
-        assert claim.at == claim.state.next_slot  # planned for its slot, as a fire-ahead claim
-        assert _lease(dsn, schema) == (keep, ident.token + 1, True, ident.token + 1,
-                                       ident.token + 1, None, True)  # fmt: skip
-        # Strict fencing: the ended run's token no longer writes.
+        assert (row.lease_owner, row.fencing_token, row.lease_until) == (None, ident.token, None)
+        # Released, and left to this worker: not due for anyone's claim.
+        assert _lease(dsn, schema) == (ident.owner, ident.token, False, ident.token,
+                                       ident.token, None, False)  # fmt: skip
         with pytest.raises(tenure.StaleTokenError), client.fenced("k", ident.token):
             pass
-        # The kept claim starts as any claim does, and its run ends as any run does.
+        claim = _kept_claim(row)
+        assert claim.at == claim.state.next_slot > ident.slot  # planned for its slot
         nxt = _start(client, claim)
         assert nxt.token == ident.token + 1
-        [ended], [] = _finish(client, schema, nxt, None)
+        assert _lease(dsn, schema) == (claim.owner, nxt.token, True, nxt.token, nxt.token,
+                                       nxt.token, False)  # fmt: skip
+        [ended], [] = _finish(client, schema, nxt, False)
         assert ended.matched
     assert _outcomes(dsn, schema) == [(ident.token, "succeeded"), (nxt.token, "succeeded")]
 
 
-@pytest.mark.parametrize(
-    "change",
-    ["far", "paused", "triggered", "fenced", "not-done", "taken-over", "no-keep"],
-)
-def test_a_finish_releases_the_lease_when_it_may_not_keep_it(
+@pytest.mark.parametrize("change", ["far", "paused", "triggered", "not-done", "no-keep"])
+def test_a_finish_lets_the_job_go_when_it_may_not_keep_it(
     dsn: str, schema: str, change: str
 ) -> None:
-    """Each condition under which a claim would not take the job now, or a run that did not
-    end done: the lease is released as before, and the job is due for any worker."""
+    """A next slot beyond KEEP_AHEAD, a pause, a pending trigger, a run that did not end done
+    or a worker without room: the job is due for any worker's claim as before."""
     prepare(dsn, schema)
     _app(dsn, schema, every="1s" if change != "far" else "10s")
     with tenure.connect(dsn, schema=schema) as client:
         ident = _run(client, dsn, schema)
         outcome = "succeeded"
-        hold: psycopg.Connection[Any] | None = None
         if change == "paused":
             ops.pause(client, "k", channel=channel("jobs", schema))
         elif change == "triggered":
             ops.trigger(client, "k", channel=channel("jobs", schema))
-        elif change == "fenced":
-            # A fenced transaction of the run still open (a body that leaked it): the finish
-            # does not wait for it, it lets the job go.
-            hold = psycopg.connect(dsn)
-            tenure.fence(hold, "k", ident.token, schema=schema)
         elif change == "not-done":
             outcome = "lease_lost"
-        elif change == "taken-over":
-            # The lease is no longer the run's (a takeover the job row does not show: a bare
-            # acquire of the job's key after the run's lease expired).
-            query(
-                dsn,
-                schema,
-                "UPDATE {schema}.job_leases SET lease_owner = gen_random_uuid(), "
-                "fencing_token = fencing_token + 1, lease_until = clock_timestamp() "
-                "WHERE job_key = 'k'",
-            )
+        _ended, kept = _finish(client, schema, ident, change != "no-keep", outcome=outcome)
+    assert kept == []
+    [(held_until,)] = query(
+        dsn, schema, "SELECT held_until FROM {schema}.scheduled_jobs WHERE job_key = 'k'"
+    )
+    assert held_until is None
+
+
+@pytest.mark.parametrize("change", ["claimed-elsewhere", "acquired", "fenced", "redefined"])
+def test_a_kept_job_s_start_takes_no_lease_it_may_not(dsn: str, schema: str, change: str) -> None:
+    """Between the finish that kept the job and the start of its next slot: another worker
+    claimed it (this worker was late), the lease was acquired by a bare client, a fenced
+    transaction of the ended run is still open (the start must not wait for it), or the job
+    was redefined. The start records nothing and takes no lease."""
+    prepare(dsn, schema)
+    _app(dsn, schema)
+    hold: psycopg.Connection[Any] | None = None
+    with tenure.connect(dsn, schema=schema) as client:
+        ident = _run(client, dsn, schema)
+        if change == "fenced":
+            # Opened while the run held its lease, left open past its end (a leaked one).
+            hold = psycopg.connect(dsn)
+            tenure.fence(hold, "k", ident.token, schema=schema)
         try:
-            keep = None if change == "no-keep" else uuid.uuid4()
+            _ended, [row] = _finish(client, schema, ident, True)
+            claim = _kept_claim(row)
+            if change == "claimed-elsewhere":
+                query(
+                    dsn, schema, "UPDATE {schema}.scheduled_jobs SET held_until = NULL "
+                    "WHERE job_key = 'k'",
+                )  # fmt: skip
+                slot_in(dsn, schema, "k", -0.05)
+                [other] = claim_batch(client, limit=1)[0]
+                assert other.token == ident.token + 1
+            elif change == "acquired":
+                assert client.acquire("k", ttl=30) is not None
+            elif change == "redefined":  # as a re-registration or a schedule change does
+                query(
+                    dsn, schema, "UPDATE {schema}.scheduled_jobs SET revision = revision + 1 "
+                    "WHERE job_key = 'k'",
+                )  # fmt: skip
             t0 = time.monotonic()
-            _ended, kept = _finish(client, schema, ident, keep, outcome=outcome)
+            decided = plan(claim.schedule(), claim.policy(), claim.state, claim.at, claim.token)
+            rows = client.fetch(
+                "sched_start",
+                start_params([(claim, decided)], **WHO),
+                doing="starting",
+                wrote=True,
+                row=StartedRow,
+            )
             assert time.monotonic() - t0 < 2.0
         finally:
             if hold is not None:
                 hold.rollback()
                 hold.close()
-    assert kept == []
-    owner, token, live, fence_token, claim_token, _running, _not_due = _lease(dsn, schema)
-    if change == "taken-over":
-        assert (token, live, fence_token, claim_token) == (ident.token + 1, False, ident.token,
-                                                           ident.token)  # fmt: skip
-        return
-    assert (owner, token, live, fence_token, claim_token) == (
-        ident.owner,
-        ident.token,
-        False,
-        ident.token,
-        ident.token,
-    )
+    assert rows == []
+    owner, _token, _live, _fence, _claim_token, running, _due = _lease(dsn, schema)
+    assert owner != claim.owner and running is None
 
 
-def test_a_finish_sent_again_after_its_answer_was_lost_keeps_what_it_did(
+def test_a_finish_sent_again_after_its_answer_was_lost_keeps_the_run_s_success(
     dsn: str, schema: str
 ) -> None:
-    """The worker retries a finish whose connection broke (the commit may have happened).
-    The retry must neither turn the run's recorded success into a lost lease nor lose the
-    lease the first attempt kept (nobody would hold it: the job would wait out its TTL)."""
+    """The worker retries a finish whose connection broke; the first attempt may have
+    committed. The second attempt found the job's running_token cleared by the first, took
+    the run for one that another worker had taken over, and recorded its success as
+    lease_lost (and logged so). Now the run's own end stands and it matched."""
     prepare(dsn, schema)
     _app(dsn, schema)
     with tenure.connect(dsn, schema=schema) as client:
         ident = _run(client, dsn, schema)
-        keep = uuid.uuid4()
-        _finish(client, schema, ident, keep)  # committed; its answer "lost"
-        [ended], [kept] = _finish(client, schema, ident, keep, retry=True)
-        assert (ended.matched, ended.outcome) == (True, "succeeded")
-        assert (kept.lease_owner, kept.fencing_token) == (keep, ident.token + 1)
-        # The claim it gives back is the one the first attempt took, and it starts.
-        nxt = _start(client, Claim.from_rows(kept, kept))
-        assert nxt.token == ident.token + 1
+        _finish(client, schema, ident, False)
+        [again], [] = _finish(client, schema, ident, False, retry=True)
+    assert (again.matched, again.outcome) == (True, "succeeded")
     assert _outcomes(dsn, schema) == [(ident.token, "succeeded")]
 
 
-def test_a_finish_sent_again_keeps_a_run_s_recorded_success(dsn: str, schema: str) -> None:
-    """Without a kept lease too: the second attempt found the job's running_token cleared by
-    the first, took the run for one another worker had taken over, and recorded its success
-    as lease_lost."""
-    prepare(dsn, schema)
-    _app(dsn, schema)
-    with tenure.connect(dsn, schema=schema) as client:
-        ident = _run(client, dsn, schema)
-        _finish(client, schema, ident, None)
-        _finish(client, schema, ident, None, retry=True)
-    assert _outcomes(dsn, schema) == [(ident.token, "succeeded")]
-
-
-def test_a_worker_claims_its_job_s_next_slot_as_the_run_ends(dsn: str, schema: str) -> None:
-    """A worker running an every-second job (TTL 30 s) takes most next slots in the finish:
-    the lease a run starts with was acquired when the run before it ended, about a second
-    before its slot, where a claim takes it at most FIRE_AHEAD (0.2 s) before. Each run still
-    has an owner and a token of its own, one above the run before."""
+def test_a_worker_starts_a_kept_job_at_its_slot_with_a_lease_taken_then(
+    dsn: str, schema: str
+) -> None:
+    """A worker running an every-second job keeps it from one run to the next: most runs'
+    leases are taken by their starts, at or after their slots (a claim takes one up to
+    FIRE_AHEAD before the slot). Each run still has an owner and a token of its own, one
+    above the run before."""
     prepare(dsn, schema)
     seen: list[tuple[int, float]] = []
     app = tenure.Scheduler(dsn, schema=schema, name="a")
 
     @app.job("k", every="1s", ttl="30s")
     def k(ctx: tenure.JobContext) -> None:
-        [(ahead,)] = query(
+        [(after,)] = query(
             dsn,
             schema,
-            "SELECT extract(epoch FROM %s - acquired_at)::float8 FROM {schema}.job_leases "
+            "SELECT extract(epoch FROM acquired_at - %s)::float8 FROM {schema}.job_leases "
             "WHERE job_key = 'k'",
             (ctx.slot,),
         )
-        seen.append((ctx.token, ahead))
+        seen.append((ctx.token, after))
 
     with InProcessWorker(app):
         wait_for(lambda: len(seen) >= 9, timeout=30, what="nine runs")
     runs = seen[1:9]  # the first run's lease came from a claim
     tokens = [token for token, _ in runs]
     assert tokens == list(range(tokens[0], tokens[0] + len(tokens))), seen
-    kept = [ahead for _, ahead in runs if ahead > 0.5]
-    assert len(kept) >= len(runs) // 2, seen  # one in RELEASE_ODDS (8) is released
+    taken_at_start = [after for _, after in runs if after >= 0]
+    assert len(taken_at_start) >= len(runs) // 2, seen  # one in RELEASE_ODDS (8) is let go
     owners = query(dsn, schema, "SELECT count(DISTINCT owner), count(*) FROM {schema}.job_runs")
     assert owners[0][0] == owners[0][1]
+
+
+def test_every_takeover_of_a_kept_job_comes_after_its_lease_expired(dsn: str, schema: str) -> None:
+    """Invariant 2, as `tenure verify` checks it on the database's record of every change of
+    a lease row (its trigger): no token is issued while the one before it is live. A finish
+    that handed the lease straight to the job's next run in one update (an earlier design)
+    failed this: the row went from a live lease to the next token."""
+    prepare(dsn, schema)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        verify_tables.setup(conn, schema)
+    app = tenure.Scheduler(dsn, schema=schema, name="a")
+    runs = threading.Semaphore(0)
+    for n in range(10):
+        app.add_job(f"k{n}", lambda ctx: runs.release(), every="1s", ttl="30s")
+    with InProcessWorker(app):
+        for _ in range(60):
+            assert runs.acquire(timeout=20)
+    [(takeovers, early)] = query(
+        dsn,
+        schema,
+        "SELECT count(*), count(*) FILTER (WHERE at <= old_until) "
+        "FROM {schema}.verify_lease_history WHERE change = 'takeover' AND old_until IS NOT NULL",
+    )
+    assert takeovers >= 40 and early == 0, (takeovers, early)
 
 
 def test_a_worker_that_joins_gets_its_share_of_jobs_kept_by_another(
     dsn: str, schema: str, tmp_path: Path
 ) -> None:
-    """Kept leases must not pin every job to the worker that ran it first: one run in eight
-    lets its job go, so a second worker started later runs a fair part of the jobs within
-    seconds (without that it would run none of them while the first keeps up)."""
+    """Kept jobs must not stay with the worker that ran them first: one run in eight lets its
+    job go, so a second worker started later runs a fair part of the jobs within seconds
+    (without that it would run none of them while the first keeps up)."""
     prepare(dsn, schema)
     env = tenure_env(dsn, schema)
     with worker_processes(1, "KEPT", env, tmp_path) as [first]:
@@ -277,8 +321,8 @@ def test_a_worker_that_joins_gets_its_share_of_jobs_kept_by_another(
         )
         (tmp_path / "b").mkdir()
         with worker_processes(1, "KEPT", env, tmp_path / "b") as [second]:
-            time.sleep(12)
-            since = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=4)
+            time.sleep(16)
+            since = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=5)
             rows = query(
                 dsn,
                 schema,
@@ -287,16 +331,19 @@ def test_a_worker_that_joins_gets_its_share_of_jobs_kept_by_another(
             )
     by_pid = dict(rows)
     total = sum(by_pid.values())
-    assert by_pid.get(second.pid, 0) >= total // 4, (by_pid, first.pid, second.pid)
+    # Half each in the long run; one in eight of a worker's runs lets its job go, so after
+    # 16 s the second runs about 40 % (12.5 % asked here, against none without).
+    assert by_pid.get(second.pid, 0) >= total // 8, (by_pid, first.pid, second.pid)
 
 
-def test_a_killed_worker_s_kept_jobs_run_again_once_their_leases_expire(
+def test_a_killed_worker_s_kept_jobs_run_again_soon_elsewhere(
     dsn: str, schema: str, tmp_path: Path
 ) -> None:
-    """A worker that dies holding leases kept for its jobs' next slots: another worker runs
-    those jobs once the leases expire, with higher tokens, every slot at most once."""
+    """A worker that dies while it keeps jobs holds no lease for them (only for the runs it
+    has in flight): another worker runs each of them once its reserve has passed, with
+    higher tokens, every slot at most once."""
     prepare(dsn, schema)
-    env = tenure_env(dsn, schema, KEPT_TTL="10s")
+    env = tenure_env(dsn, schema)
     with worker_processes(1, "KEPT", env, tmp_path) as [victim]:
         wait_for(
             lambda: query(dsn, schema, "SELECT count(*) FROM {schema}.job_runs")[0][0] >= 50,
@@ -305,12 +352,14 @@ def test_a_killed_worker_s_kept_jobs_run_again_once_their_leases_expire(
         )
         victim.signal(9)
         victim.wait()
-        [(held,)] = query(
+        [(held, kept)] = query(
             dsn,
             schema,
-            "SELECT count(*) FROM {schema}.job_leases WHERE lease_until > clock_timestamp()",
+            "SELECT count(*) FILTER (WHERE l.lease_until > clock_timestamp()), "
+            "count(*) FILTER (WHERE j.held_until > j.next_slot) "
+            "FROM {schema}.job_leases AS l JOIN {schema}.scheduled_jobs AS j USING (job_key)",
         )
-        assert held > 0  # it died holding leases (kept, or of runs in flight)
+        assert kept >= 5 and held <= 3, (kept, held)  # kept jobs, and few live leases
         (tmp_path / "b").mkdir()
         with worker_processes(1, "KEPT", env, tmp_path / "b") as [heir]:
             wait_for(
@@ -323,7 +372,7 @@ def test_a_killed_worker_s_kept_jobs_run_again_once_their_leases_expire(
                     )[0][0]
                     == 10
                 ),
-                timeout=30,
+                timeout=40,
                 what="the heir to run every job",
             )
     [(twice,)] = query(
@@ -335,9 +384,9 @@ def test_a_killed_worker_s_kept_jobs_run_again_once_their_leases_expire(
     assert twice == 0
 
 
-def test_a_stopping_worker_gives_back_the_leases_it_kept(dsn: str, schema: str) -> None:
-    """A worker stopped with SIGTERM hands its kept leases back (as it does claims taken ahead
-    of their slots): no lease is left live, so another worker takes the jobs at once."""
+def test_a_stopping_worker_gives_back_the_jobs_it_kept(dsn: str, schema: str) -> None:
+    """A worker stopped gives its kept jobs back (as it gives back claims taken ahead of
+    their slots): each is due at its slot for any worker, and no lease is left live."""
     prepare(dsn, schema)
     app = tenure.Scheduler(dsn, schema=schema, name="a")
     runs = threading.Semaphore(0)
@@ -346,9 +395,11 @@ def test_a_stopping_worker_gives_back_the_leases_it_kept(dsn: str, schema: str) 
     with InProcessWorker(app):
         for _ in range(40):
             assert runs.acquire(timeout=20)
-    [(live,)] = query(
+    [(live, kept)] = query(
         dsn,
         schema,
-        "SELECT count(*) FROM {schema}.job_leases WHERE lease_until > clock_timestamp()",
+        "SELECT count(*) FILTER (WHERE l.lease_until > clock_timestamp()), "
+        "count(*) FILTER (WHERE j.held_until IS NOT NULL) "
+        "FROM {schema}.job_leases AS l JOIN {schema}.scheduled_jobs AS j USING (job_key)",
     )
-    assert live == 0
+    assert (live, kept) == (0, 0)

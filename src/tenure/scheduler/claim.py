@@ -18,6 +18,16 @@ if TYPE_CHECKING:
     from .spec import JobSpec
 
 
+#: Seconds: a run that ends done keeps its job for this worker when the job's next slot comes
+#: within this (and the worker has room): the finish leaves the job to it, and its start of
+#: that slot takes the lease over (``sched_finish``/``sched_start``, docs/safety.md "A job
+#: kept for its next slot"). Every-second and every-two-seconds jobs, say.
+KEEP_AHEAD = 2.0
+#: Seconds after a kept job's next slot until other workers may claim it: the keeping worker
+#: starts it at the slot; if that worker died, the slot runs this much late elsewhere.
+RESERVE = 1.0
+
+
 @dataclass(frozen=True, slots=True)
 class Claim:
     """One claimed job, as the claim statement returned it."""
@@ -48,6 +58,10 @@ class Claim:
     jitter: dt.timedelta | None = None
     max_runs: int | None = None
     overlap: str | None = None
+    #: Kept by this worker's finish of the run before (not claimed): the start takes its lease
+    #: over, from the released lease's ``token``; ``owner`` is the new one, ``lease_until``
+    #: only a bound for :attr:`at` until the start answers with the lease.
+    take: bool = False
 
     @classmethod
     def from_rows(cls, lease: ClaimRow, job: ClaimRow) -> Claim:
@@ -208,6 +222,13 @@ def _text(value: str | None) -> str | None:
     return value.encode("utf-8", "replace").decode("utf-8")
 
 
+def keeps_after(slot: dt.datetime, next_slot: dt.datetime) -> bool:
+    """Whether a run of ``slot`` will likely keep its job for ``next_slot`` (its finish keeps a
+    job whose next slot is within :data:`KEEP_AHEAD`): its start then puts the job's due time
+    where that finish would, so the finish's update of the row moves no index entry."""
+    return (next_slot - slot).total_seconds() <= KEEP_AHEAD
+
+
 def start_params(
     planned: Sequence[tuple[Claim, Plan]], *, worker: str, host: str, pid: int
 ) -> dict[str, Any]:
@@ -244,6 +265,10 @@ def start_params(
             p["backfill_from"] = d.backfill_from.isoformat()
             if d.backfill_next is not None:
                 p["backfill_next"] = d.backfill_next.isoformat()
+        if claim.take:
+            p["take"] = True
+        if d.run_slot is not None and keeps_after(d.run_slot, d.next_slot or claim.state.next_slot):
+            p["reserve"] = True
         plans.append(p)
         for s in d.skipped:
             row = {
@@ -261,6 +286,7 @@ def start_params(
     return {
         "plan": json.dumps(plans, separators=(",", ":")),
         "count": len(plans),
+        "reserve": RESERVE,
         "skipped": json.dumps(skipped, separators=(",", ":")),
         "worker": worker,
         "host": host,
@@ -304,9 +330,8 @@ class Finished:
     done: bool
     outcome: str
     error: str | None
-    #: The owner of the job's next claim if the finish may keep the lease for the job's next
-    #: slot (a fresh UUID, as for any claim); None: release it.
-    keep: uuid.UUID | None = None
+    #: The worker has room for the job's next run: the finish may keep the job for it.
+    keep: bool = False
 
 
 def finish_params(
@@ -320,21 +345,23 @@ def finish_params(
 ) -> dict[str, Any]:
     """The parameters of ``sched_finish`` for a batch of finished runs (one JSON text): each
     run's end and what its history row needs, which the finish writes (migration 12), and
-    the owner of the next claim where the lease may be kept. ``retry``: the same batch was
-    sent before and its answer was lost."""
+    whether its job may be kept for its next run. ``retry``: the same batch was sent before
+    and its answer was lost."""
     runs = []
     for f in finished:
         row = f.ident.row()
         row["done"] = f.done
         row["outcome"] = f.outcome
         row["error"] = _text(f.error)
-        if f.keep is not None:
-            row["keep"] = str(f.keep)
+        if f.keep:
+            row["keep"] = True
         runs.append(row)
     return {
         "runs": json.dumps(runs, separators=(",", ":")),
         "count": len(runs),
         "retry": retry,
+        "keep_ahead": KEEP_AHEAD,
+        "reserve": RESERVE,
         "channel": channel,
         "worker": worker,
         "host": host,

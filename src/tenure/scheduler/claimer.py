@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -142,10 +143,10 @@ class Claimer(OnClient):
         return min(self.claim_ahead - unstarted, self.finish_backlog - self.finisher.backlog)
 
     def reserve(self, wanted: int) -> int:
-        """Room for up to ``wanted`` claims of leases the finisher keeps for their jobs' next
-        slots (:class:`~.finisher.Keeper`), counted against ``claim_ahead`` at once, as a
-        claim's are: none while a body slot is wanted (see :meth:`_room`: a busy worker lets
-        its jobs go to others) or the worker stops."""
+        """Room for up to ``wanted`` next runs of jobs the finisher keeps for this worker
+        (:class:`~.finisher.Keeper`), counted against ``claim_ahead`` at once, as a claim's
+        are: none while a body slot is wanted (see :meth:`_room`: a busy worker lets its jobs
+        go to others) or the worker stops."""
         if self._stopping or not self.limit.room():
             return 0
         room = self.claim_ahead - (self.starter.starting + self.limit.waiting)
@@ -153,16 +154,26 @@ class Claimer(OnClient):
         self.starter.starting += taken
         return taken
 
-    def kept(self, rows: list[ClaimRow], reserved: int, sent: float, received: float) -> None:
-        """The claims of the leases a finish kept, planned and queued as a claim's are (given
-        back if the worker stopped meanwhile); the room reserved for the others is freed."""
+    def kept(self, rows: list[ClaimRow], reserved: int, received: float) -> None:
+        """The jobs a finish kept for this worker, planned and queued as claims are (their
+        starts take the leases over: a new owner each), or given back if the worker stopped
+        meanwhile; the room reserved for the others is freed."""
         self.starter.starting -= reserved
-        claims = [Claim.from_rows(row, row) for row in rows]
+        claims = []
+        for row in rows:
+            claim = Claim.from_rows(row, row)
+            claims.append(
+                dataclasses.replace(
+                    claim, owner=uuid.uuid4(), lease_until=claim.now + claim.ttl, take=True
+                )
+            )
         if claims and self._stopping:
             self.starter.background(release_claims(self.client, claims))
         elif claims:
             self.starter.starting += len(claims)
-            self._plan_claimed(claims, sent, received)
+            # No lease is held until the start takes one: its local deadline counts from the
+            # start's send time (the starter's), not from here.
+            self._plan_claimed(claims, received, received)
         if len(claims) < reserved:
             self._wake.set()
 
@@ -202,7 +213,8 @@ class Claimer(OnClient):
         planned: list[tuple[Claim, JobSpec, Schedule, Plan]] = []
         foreign: list[Claim] = []
         for claim in claims:
-            metrics.emit(metrics.ACQUIRE, claim.job_key, "acquired")
+            if not claim.take:  # a kept job's lease is taken (and counted) by its start
+                metrics.emit(metrics.ACQUIRE, claim.job_key, "acquired")
             prior, slot = claim.state.running_token, claim.state.running_slot
             if (
                 prior is not None
@@ -269,5 +281,6 @@ class Claimer(OnClient):
                     extra={"job": claim.job_key},
                 )
             self._exclude.add(claim.job_key)
-            metrics.emit(metrics.RELEASE, claim.job_key, value=0.0)
+            if not claim.take:
+                metrics.emit(metrics.RELEASE, claim.job_key, value=0.0)
         self.starter.background(release_claims(self.client, claims))

@@ -4,14 +4,16 @@ time, retried on a lost connection) and ``sched_running`` for runs that outlive
 its concurrency: its body slot is free) until its end is recorded (or given up); then it
 leaves the worker's table of runs and the claim loop wakes.
 
-Kept leases: a run that ended done, whose job's next slot comes within a tenth of its TTL, is
-sent with the owner of the job's next claim when the worker has room for one (its
-:class:`Keeper`, the claim loop, says how much): the finish then claims the job again for
-that slot in the same statement instead of releasing the lease, and the claim goes to the
-keeper as a claim of ``sched_claim`` would (one statement per run fewer, and no claim race
-for a job this worker runs anyway). One run in :data:`RELEASE_ODDS`, at random, is released
-all the same, so that jobs keep moving between workers: a worker that joins the fleet gets
-its share within a few of their periods."""
+Kept jobs: a run that ended done, whose job's next slot comes within
+:data:`~.claim.KEEP_AHEAD`, is sent with ``keep`` when the worker has room for its next run
+(its :class:`Keeper`, the claim loop, says how much): the finish releases the lease as for
+any run and leaves the job to this worker (not due for others until
+:data:`~.claim.RESERVE` after that slot), and the job's row goes to the keeper as a claim
+whose start takes the lease over (``sched_start``'s ``take``). A run costs two statements
+per batch instead of three (no claim), and no claim race for a job this worker runs anyway.
+One run in :data:`RELEASE_ODDS`, at random, lets its job go all the same, so that jobs keep
+moving between workers: a worker that joins the fleet gets its share within a few of their
+periods."""
 
 from __future__ import annotations
 
@@ -21,14 +23,13 @@ import dataclasses
 import datetime as dt
 import logging
 import random
-import uuid
 from typing import Protocol
 
 from .. import metrics
 from .._acompat import monotonic
 from ..errors import DatabaseUnavailable, TenureError
 from .attached import OnClient
-from .claim import Finished, finish_params, run_fields, running_params
+from .claim import KEEP_AHEAD, Finished, finish_params, run_fields, running_params
 from .execution import Run
 from .identity import WorkerIdentity
 from .rows import ClaimRow, FinishedRow
@@ -43,21 +44,21 @@ FINISH_EVERY = 0.05
 #: 'running', completed by its finish), so that history and the dashboard show it; a shorter
 #: run's row is written once, at its end (migration 12).
 RUNNING_ROW_AFTER = 1.0
-#: A lease that could be kept for the job's next slot is released instead once in this many
-#: runs, at random (see the module's doc).
+#: A job that could be kept for its next run is let go instead once in this many runs, at
+#: random (see the module's doc).
 RELEASE_ODDS = 8
 
 
 class Keeper(Protocol):
-    """Where the claims of kept leases go (the worker's claim loop)."""
+    """Where the jobs a finish kept go (the worker's claim loop)."""
 
     def reserve(self, wanted: int) -> int:
-        """Room for up to ``wanted`` claims, taken now: how many the finish may keep."""
+        """Room for up to ``wanted`` next runs, taken now: how many the finish may keep."""
         ...
 
-    def kept(self, rows: list[ClaimRow], reserved: int, sent: float, received: float) -> None:
-        """The claims of the leases a finish kept (``reserved`` is given back, ``rows`` are
-        taken as claims sent at ``sent``, answered at ``received``)."""
+    def kept(self, rows: list[ClaimRow], reserved: int, received: float) -> None:
+        """The jobs a finish kept (``reserved`` is given back, ``rows`` are taken as claims
+        whose answer arrived at ``received``)."""
         ...
 
 
@@ -89,7 +90,7 @@ class Finisher(OnClient):
         self._stopping = False
         self.runs = 0
         self.handed_over = 0
-        #: Leases kept for the job's next slot (their claims went to the keeper).
+        #: Jobs kept for this worker's next run of them (their rows went to the keeper).
         self.kept = 0
         #: Per job, the token and slot of this worker's last run whose body ended
         #: (succeeded or failed), from the moment it ended: that slot ran, whatever the
@@ -98,7 +99,7 @@ class Finisher(OnClient):
         #: meanwhile another claim may have taken the job and left the slot unfinished
         #: under its own token. One entry per job this worker ran.
         self.last_done: dict[str, tuple[int, dt.datetime]] = {}
-        #: Takes the claims of kept leases; None: every lease is released (set by the worker).
+        #: Takes the jobs a finish kept; None: none is kept (set by the worker).
         self.keeper: Keeper | None = None
 
     def ran(self, job_key: str, token: int, slot: dt.datetime) -> bool:
@@ -152,7 +153,7 @@ class Finisher(OnClient):
                     if reserved:
                         assert self.keeper is not None
                         self.kept += len(claims)
-                        self.keeper.kept(claims, reserved, sent, monotonic())
+                        self.keeper.kept(claims, reserved, monotonic())
                 ended, batch = batch, []
                 for item, run, duration in ended:
                     ident = item.ident
@@ -176,10 +177,10 @@ class Finisher(OnClient):
                 self._ended(run, item.done, item.outcome, item.error, duration)
 
     def _keep(self, items: list[Finished], runs: list[Run]) -> tuple[list[Finished], int]:
-        """The batch with a next claim's owner on the runs whose leases may be kept (done,
-        next slot within a tenth of the TTL by the run's own estimate of the database's
-        clock, not the one in :data:`RELEASE_ODDS`), as many as the keeper has room for; and
-        that room, reserved."""
+        """The batch with ``keep`` on the runs whose jobs may be kept (done, next slot within
+        :data:`~.claim.KEEP_AHEAD` by the run's own estimate of the database's clock, not the
+        one in :data:`RELEASE_ODDS`), as many as the keeper has room for; and that room,
+        reserved."""
         keeper = self.keeper
         if keeper is None or self._stopping:
             return items, 0
@@ -190,21 +191,21 @@ class Finisher(OnClient):
             if item.done
             and run.next_slot is not None
             and (run.next_slot - item.ident.started_at).total_seconds() - (now - run.launched)
-            <= run.lease.ttl / 10
+            <= KEEP_AHEAD
             and random.randrange(RELEASE_ODDS) != 0
         ]
         reserved = keeper.reserve(len(wanted)) if wanted else 0
         if reserved:
             items = list(items)
             for i in wanted[:reserved]:
-                items[i] = dataclasses.replace(items[i], keep=uuid.uuid4())
+                items[i] = dataclasses.replace(items[i], keep=True)
         return items, reserved
 
     async def _record_finished(
         self, batch: list[Finished]
     ) -> tuple[dict[tuple[str, int], str], list[ClaimRow]]:
         """Send one batch (retried on a lost connection); returns each run's recorded outcome,
-        and the claims of the leases it kept."""
+        and the rows of the jobs it kept."""
         ordered = sorted(batch, key=lambda f: (f.ident.job_key, f.ident.token))  # one lock order
         who = self.who
         for attempt in range(3):
@@ -251,7 +252,7 @@ class Finisher(OnClient):
         by_key = {(f.ident.job_key, f.ident.token): f for f in ordered}
         for row in rows:
             key, token, matched, current = row.job_key, row.token, row.matched, row.current
-            if token is None:  # a lease kept for the job's next slot
+            if token is None:  # a job kept for this worker's next run of it
                 claims.append(row.claim())
                 continue
             f = by_key[(key, token)]

@@ -89,8 +89,9 @@ class RegisteredRow(NamedTuple):
 class FinishedRow(NamedTuple):
     """One row of ``sched_finish``: a run it recorded (``token`` set: ``matched`` False when
     the job was taken over; ``outcome`` what was recorded; ``current`` the job's token now),
-    or a lease it kept for the job's next slot (``token`` NULL): from ``lease_owner`` on, the
-    columns of :class:`ClaimRow` (:meth:`claim`)."""
+    or a job it kept for this worker's next run of it (``token`` NULL): from ``lease_owner``
+    on, the columns of :class:`ClaimRow` (:meth:`claim`), with the released lease's token and
+    no owner or expiry (the start takes the lease over)."""
 
     job_key: str
     token: int | None
@@ -135,12 +136,23 @@ class FinishedRow(NamedTuple):
     backfill_to: dt.datetime | None
 
     def claim(self) -> ClaimRow:
-        """A kept lease's row as the claim's (the same columns, in the same order)."""
+        """A kept job's row as the claim's (the same columns, in the same order)."""
         return ClaimRow._make((self.job_key, *self[_CLAIM_FROM:]))
 
 
 #: Where the claim's columns begin in a row of ``sched_finish``.
 _CLAIM_FROM = FinishedRow._fields.index("lease_owner")
+
+
+@row_of("sched_start")
+class StartedRow(NamedTuple):
+    """One job whose start ``sched_start`` recorded: its run's start (None: nothing to run)
+    and, where the start took the job's lease over (a kept job), its token and expiry."""
+
+    job_key: str
+    started_at: dt.datetime | None
+    token: int | None
+    lease_until: dt.datetime | None
 
 
 @row_of("sched_list")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime as dt
 import heapq
 import itertools
@@ -23,6 +24,7 @@ from .attached import OnClient
 from .claim import Claim, start_params
 from .execution import Run
 from .identity import WorkerIdentity
+from .rows import StartedRow
 from .saturation import Saturation
 from .schedules import Plan, Schedule
 from .spec import JobSpec
@@ -149,23 +151,25 @@ class Starter(OnClient):
                     batch.append(entry[2])
                 for entry in later:
                     heapq.heappush(self._pending, entry)
-                rows: list[tuple[Any, ...]] | None = None
+                rows: list[StartedRow] | None = None
+                sent = monotonic()  # a lease the start takes over counts from here
                 try:
                     rows = await self._send_start(batch)
                 finally:
                     # Launched in a callback, after this loop has sent the next start (it
                     # does so before it next yields): the server records the next batch
                     # while this one's runs are set up, instead of waiting for them.
-                    loop.call_soon(self._started, batch, rows)
+                    loop.call_soon(self._started, batch, rows, sent)
         finally:
             self._starter = None
 
-    def _started(self, batch: list[_Planned], rows: list[tuple[Any, ...]] | None) -> None:
+    def _started(self, batch: list[_Planned], rows: list[StartedRow] | None, sent: float) -> None:
         """Launch the runs of a start batch (``rows``: the statement's answer; None: it was
-        not recorded) and give back the capacity of the claims that did not become runs."""
+        not recorded; ``sent``: when it was sent) and give back the capacity of the claims
+        that did not become runs."""
         try:
             if rows is not None:
-                self._launch_started(batch, rows)
+                self._launch_started(batch, rows, sent)
         finally:
             launched = sum(1 for p in batch if (p.claim.job_key, p.claim.token) in self._running)
             self.starting -= len(batch)
@@ -182,10 +186,11 @@ class Starter(OnClient):
         finally:
             self.starting -= len(claims)
             for claim in claims:
-                metrics.emit(metrics.RELEASE, claim.job_key, value=0.0)
+                if not claim.take:  # a kept job's claim holds no lease before its start
+                    metrics.emit(metrics.RELEASE, claim.job_key, value=0.0)
             self._wake.set()
 
-    async def _send_start(self, batch: list[_Planned]) -> list[tuple[Any, ...]] | None:
+    async def _send_start(self, batch: list[_Planned]) -> list[StartedRow] | None:
         """``sched_start`` for a batch; its rows, or None if it was not recorded (logged)."""
         try:
             rows = await self.client.fetch(
@@ -198,6 +203,7 @@ class Starter(OnClient):
                 ),
                 doing="starting runs",
                 wrote=True,
+                row=StartedRow,
             )
         except TenureError as exc:
             log.warning(
@@ -207,13 +213,16 @@ class Starter(OnClient):
                 exc,
             )
             for p in batch:
-                metrics.emit(metrics.RELEASE, p.claim.job_key, value=0.0)
+                if not p.claim.take:
+                    metrics.emit(metrics.RELEASE, p.claim.job_key, value=0.0)
             return None
         return rows
 
-    def _launch_started(self, batch: list[_Planned], rows: list[tuple[Any, ...]]) -> None:
-        # A row per recorded job, with its run's start (NULL: nothing to run).
-        started: dict[str, dt.datetime | None] = dict(rows)
+    def _launch_started(self, batch: list[_Planned], rows: list[StartedRow], sent: float) -> None:
+        # A row per recorded job, with its run's start (NULL: nothing to run) and the lease a
+        # kept job's start took over.
+        answered = {row.job_key: row for row in rows}
+        started: dict[str, dt.datetime | None] = {k: r.started_at for k, r in answered.items()}
         recorded = started.keys()
         skipped, lateness = 0, []
         counts = self.saturation.counts
@@ -239,6 +248,17 @@ class Starter(OnClient):
             claim, decided = p.claim, p.decided
             extra = {"job": claim.job_key, "token": claim.token}
             if claim.job_key not in recorded:
+                if claim.take:
+                    # Kept for this worker, but its start came after another worker's claim
+                    # (the reserve had passed: a saturated worker, which says so) or after a
+                    # pause, a new definition or a fenced transaction still open.
+                    log.debug(
+                        "job %r: kept for this worker, but not started: claimed by another "
+                        "worker, changed, paused or its fence row busy",
+                        claim.job_key,
+                        extra=extra,
+                    )
+                    continue
                 log.warning(
                     "job %r: claim with token %s was superseded before it started",
                     claim.job_key,
@@ -255,9 +275,17 @@ class Starter(OnClient):
                     extra={**extra, "quarantined": True},
                 )
             self._report_skipped(claim, decided)
-            at = started[claim.job_key]
+            row = answered[claim.job_key]
+            at = row.started_at
             if decided.run_slot is None or at is None:
-                metrics.emit(metrics.RELEASE, claim.job_key, value=0.0)
+                if not claim.take:  # a kept job's start with nothing to run took no lease
+                    metrics.emit(metrics.RELEASE, claim.job_key, value=0.0)
+                continue
+            if claim.take:
+                assert row.token is not None and row.lease_until is not None
+                claim = dataclasses.replace(claim, token=row.token, lease_until=row.lease_until)
+                metrics.emit(metrics.ACQUIRE, claim.job_key, "acquired")
+                self._launch(claim, p.spec, p.schedule, decided, at, sent)
                 continue
             self._launch(claim, p.spec, p.schedule, decided, at, p.sent)
 

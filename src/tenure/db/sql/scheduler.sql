@@ -283,6 +283,17 @@ FROM ready AS r;
 -- nothing to run get their lease released in the same statement. crash_streak is the plan's
 -- (computed from the claimed row, which only fenced statements change); a plan with a
 -- quarantine reason pauses the job with it.
+--
+-- A plan with `take` is the next run of a job its worker kept (sched_finish): the finish
+-- released the job's lease, so this start takes it over as a claim would, in the same
+-- statement: only after that lease's expiry and only from the token the plan names (the
+-- released one: nobody took the job since), a fresh owner (the plan's), token + 1 (at least
+-- the floor), job_state.token and claim_token moved, the fence row locked first with SKIP
+-- LOCKED (a fenced transaction still open on it leaves the job to a later claim). `reserve`:
+-- this worker expects to keep the job after this run too, so the run's job row is due only
+-- %(reserve)s seconds after its next slot (where the finish would put it: its update stays
+-- heap-only). One row back per job whose start was recorded; for a taken lease its token and
+-- expiry.
 WITH plan AS (
     -- One JSON array of objects for the batch: psycopg dumps a str in C, where 14 typed
     -- array parameters were dumped element by element in Python (a fifth of the worker's
@@ -293,12 +304,29 @@ WITH plan AS (
              run_kind text, attempt integer, next_slot timestamptz, done_slot timestamptz,
              trigger_at timestamptz, prior_token bigint, prior_error text,
              crash_streak integer, quarantine text, backfill_from timestamptz,
-             backfill_next timestamptz)
+             backfill_next timestamptz, take boolean, reserve boolean)
     -- Not a limit (%(count)s is the array's length) but the planner's row estimate: it
     -- plans this statement for each call (tenure.leases PLANNED_EACH_CALL) and, told 100 rows
     -- (its guess for any set-returning function), joined a batch of 5 by reading every row
     -- of scheduled_jobs, job_leases and job_runs instead of looking each up by its index.
     LIMIT %(count)s
+), fence AS MATERIALIZED (
+    SELECT s.job_key
+    FROM {schema}.job_state AS s
+    WHERE s.job_key IN (SELECT job_key FROM plan WHERE take AND run_slot IS NOT NULL)
+    ORDER BY s.job_key
+    FOR NO KEY UPDATE SKIP LOCKED
+), pc AS MATERIALIZED (
+    -- Each plan, with the token of the lease it takes over (NULL: none, or it may not). One
+    -- row per plan (a CTE of taken plans joined to the plans made a nested loop: n * n).
+    SELECT p.*,
+           CASE WHEN p.take AND p.run_slot IS NOT NULL AND l.fencing_token = p.token
+                     AND l.lease_until < clock_timestamp()
+                     AND p.job_key IN (SELECT job_key FROM fence)
+                THEN greatest(l.fencing_token + 1, {token_floor}) END AS taken_token
+    FROM plan AS p
+    LEFT JOIN {schema}.job_leases AS l ON p.take AND l.job_key = p.job_key
+    LIMIT %(count)s  -- the planner's row estimate, as above
 ), job AS (
     UPDATE {schema}.scheduled_jobs AS j
     SET crash_streak = p.crash_streak,
@@ -313,18 +341,24 @@ WITH plan AS (
         done_slot = greatest(j.done_slot, p.done_slot),
         running_slot = p.run_slot,
         running_kind = p.run_kind,
-        running_token = CASE WHEN p.run_slot IS NULL THEN NULL ELSE p.token END,
+        running_token = CASE WHEN p.run_slot IS NULL THEN NULL
+                             ELSE coalesce(p.taken_token, p.token) END,
+        claim_token = coalesce(p.taken_token, j.claim_token),
+        claimed_at = CASE WHEN p.taken_token IS NULL THEN j.claimed_at
+                          ELSE clock_timestamp() END,
         running_attempt = CASE WHEN p.run_slot IS NULL THEN NULL ELSE p.attempt END,
         running_owner = CASE WHEN p.run_slot IS NULL THEN NULL ELSE p.owner END,
         running_started_at = CASE WHEN p.run_slot IS NULL THEN NULL ELSE clock_timestamp() END,
         running_worker = CASE WHEN p.run_slot IS NULL THEN NULL ELSE %(worker)s END,
         running_host = CASE WHEN p.run_slot IS NULL THEN NULL ELSE %(host)s END,
         running_pid = CASE WHEN p.run_slot IS NULL THEN NULL ELSE %(pid)s::integer END,
-        -- Due again at the next slot, or when a dead worker's lease would have expired
-        -- (migration 11); nothing to run: due at the next slot.
+        -- Due again at the next slot (plus the reserve, kept), or when a dead worker's lease
+        -- would have expired (migration 11); nothing to run: due at the next slot.
         held_until = CASE WHEN p.run_slot IS NOT NULL THEN least(
             CASE WHEN j.revision = p.revision
-                 THEN greatest(j.next_slot, p.next_slot) ELSE j.next_slot END,
+                 THEN greatest(j.next_slot, p.next_slot) ELSE j.next_slot END
+                + CASE WHEN p.reserve THEN make_interval(secs => %(reserve)s)
+                       ELSE interval '0' END,
             clock_timestamp() + j.ttl) END,
         trigger_at = CASE WHEN j.trigger_at = p.trigger_at THEN NULL ELSE j.trigger_at END,
         runs_started = j.runs_started + CASE WHEN p.run_kind = 'scheduled' THEN 1 ELSE 0 END,
@@ -332,14 +366,32 @@ WITH plan AS (
                              ELSE j.backfill_next END,
         backfill_to = CASE WHEN j.backfill_next = p.backfill_from AND p.backfill_next IS NULL
                            THEN NULL ELSE j.backfill_to END
-    FROM plan AS p
+    FROM pc AS p
     -- The definition the claim planned with is still the job's (a change of a runtime
     -- schedule, a re-registration, bumps the revision) and the job was not paused or
     -- removed meanwhile: a run never starts under an older definition than the newest
-    -- committed one (invariant 8). A refused start's lease is released below.
+    -- committed one (invariant 8). A refused start's lease is released below. A plan that
+    -- takes its lease: only if it may (the job row is locked here before the lease row, as
+    -- a claim locks them).
     WHERE j.job_key = p.job_key AND j.claim_token = p.token AND j.revision = p.revision
       AND NOT j.paused
-    RETURNING j.job_key, j.running_started_at
+      AND (p.take IS NOT TRUE OR p.run_slot IS NULL OR p.taken_token IS NOT NULL)
+    RETURNING j.job_key, j.running_started_at, p.taken_token, p.token, p.owner, j.ttl
+), taken AS (
+    UPDATE {schema}.job_leases AS l
+    SET lease_owner = job.owner, fencing_token = job.taken_token,
+        lease_until = clock_timestamp() + job.ttl, lease_ttl = job.ttl,
+        acquired_at = clock_timestamp(), renewed_at = clock_timestamp()
+    FROM job
+    WHERE job.taken_token IS NOT NULL
+      AND l.job_key = job.job_key AND l.fencing_token = job.token
+      AND l.lease_until < clock_timestamp()
+    RETURNING l.job_key, job.running_started_at, l.fencing_token, l.lease_until
+), state AS (
+    UPDATE {schema}.job_state AS s
+    SET token = t.fencing_token
+    FROM taken AS t
+    WHERE s.job_key = t.job_key
 ), prior AS (
     -- The job row as it was before this statement (a CTE reads the statement's snapshot).
     -- A finished run has its row already (not 'running'): left as it is. A run of a worker
@@ -367,11 +419,13 @@ WITH plan AS (
     INSERT INTO {schema}.job_runs
         (job_key, slot, kind, token, worker_id, host, pid, finished_at, outcome, error, slots,
          last_slot)
-    SELECT s.job_key, s.slot, s.kind, s.token, %(worker)s, %(host)s, %(pid)s,
-           clock_timestamp(), s.outcome, s.error, coalesce(s.slots, 1), s.last_slot
+    -- (A taken lease's start records them under the token it took.)
+    SELECT s.job_key, s.slot, s.kind, coalesce(t.fencing_token, s.token), %(worker)s, %(host)s,
+           %(pid)s, clock_timestamp(), s.outcome, s.error, coalesce(s.slots, 1), s.last_slot
     FROM json_to_recordset(%(skipped)s::json)
         AS s(job_key text, slot timestamptz, token bigint, kind text, outcome text, error text,
              slots integer, last_slot timestamptz)
+    LEFT JOIN taken AS t ON t.job_key = s.job_key
     WHERE s.job_key IN (SELECT job_key FROM job)
       -- After the previous run's row (read to the end first): history in the order it
       -- happened (an unreferenced CTE runs at an order of the planner's choosing).
@@ -382,11 +436,20 @@ WITH plan AS (
     SET lease_until = clock_timestamp()
     FROM plan AS p
     WHERE (p.run_slot IS NULL OR p.job_key NOT IN (SELECT job_key FROM job))
+      AND p.take IS NOT TRUE
       AND l.job_key = p.job_key AND l.fencing_token = p.token AND l.lease_owner = p.owner
       AND l.lease_until >= clock_timestamp()
 )
--- One row per job whose start was recorded, with the run's start time (NULL: nothing to run).
-SELECT job.job_key, job.running_started_at AS started_at FROM job;
+-- One row per job whose start was recorded, with the run's start time (NULL: nothing to run)
+-- and, for a lease taken over here, its token and expiry. (Two branches, not a join of the
+-- two CTEs: see pc.)
+SELECT job.job_key, job.running_started_at AS started_at, NULL::bigint AS token,
+       NULL::timestamptz AS lease_until
+FROM job
+WHERE job.taken_token IS NULL
+UNION ALL
+SELECT t.job_key, t.running_started_at, t.fencing_token, t.lease_until
+FROM taken AS t;
 
 -- name: sched_unclaim
 -- Give back leases this worker claimed but cannot run (a job it has no function for): the
@@ -421,50 +484,23 @@ RETURNING l.job_key;
 -- already there (a long run's 'running' row, or the lease_lost row of a successor that took
 -- the job over meanwhile: the run's own end is what it records), except a row an operator
 -- wrote when cancelling the run (sched_cancel), which stands, and a row this run's own
--- earlier attempt at this statement wrote (a retry after a lost answer keeps the outcome).
+-- earlier attempt at this statement wrote (%(retry)s: sent again after its answer was lost).
 --
--- Kept leases (docs/safety.md, "Keeping the lease for the next slot"): a done run with a
--- `keep` owner (a fresh UUID from the worker, which has room for it) whose job's next slot
--- comes within a tenth of its TTL is not released but claimed again for that slot, in this
--- same statement: owner `keep`, token + 1 (at least the floor), job_state.token moved (strict
--- fencing) and claim_token set, as sched_claim would a moment later. Only where nothing else
--- is pending (not paused, no trigger or backfill) and the fence row is free (a fenced
--- transaction still open on it makes the job released instead, as the claim skips it).
--- Lock order as the claim's: job_state (SKIP LOCKED), scheduled_jobs, then job_leases.
--- A row per run (its end), then a row per lease kept (its claim: the columns of sched_claim
--- from lease_owner on, token NULL). %(retry)s: this batch was sent before and its answer lost;
--- a lease its first attempt kept (owner `keep`, not started since) comes back as kept.
+-- Kept jobs (docs/safety.md, "A job kept for its next slot"): a done run sent with `keep`
+-- (its worker has room for the job's next run) whose job's next slot comes within
+-- %(keep_ahead)s seconds, with nothing else pending (not paused, no trigger or backfill),
+-- keeps its job: the lease is released as for any run, and the job is not due until
+-- %(reserve)s seconds after that slot (held_until), so other workers' claims leave it to this
+-- worker, whose start of that slot takes the lease over (sched_start's `take`). For those
+-- runs a second row comes back with the job's columns as sched_claim returns them (token
+-- NULL; fencing_token: the released lease's token, which that start must find).
 WITH f AS MATERIALIZED (
     SELECT *
     FROM json_to_recordset(%(runs)s::json)
         AS f(job_key text, token bigint, owner uuid, slot timestamptz, kind text,
              attempt integer, started_at timestamptz, done boolean, outcome text, error text,
-             keep uuid)
+             keep boolean)
     LIMIT %(count)s  -- the planner's row estimate, see sched_start
-), fence AS MATERIALIZED (
-    SELECT s.job_key
-    FROM {schema}.job_state AS s
-    WHERE s.job_key IN (SELECT job_key FROM f WHERE f.keep IS NOT NULL AND f.done)
-    ORDER BY s.job_key
-    FOR NO KEY UPDATE SKIP LOCKED
-), fk AS MATERIALIZED (
-    -- Each run, with the token of its job's next claim where its lease is kept (NULL: it is
-    -- released). Read from the statement's snapshot: the fence below is checked again on the
-    -- locked job row, and what else could change meanwhile (a pause, a trigger, a new
-    -- definition) the start checks again, as it does for any claim. One row per run, joined
-    -- by index or hash (a CTE of kept runs joined to the runs made a nested loop: n * n).
-    SELECT f.*,
-           CASE WHEN f.keep IS NOT NULL AND f.done
-                     AND l.lease_owner = f.owner AND l.fencing_token = f.token
-                     AND j.claim_token = f.token AND j.running_token = f.token
-                     AND NOT j.paused AND j.trigger_at IS NULL AND j.backfill_next IS NULL
-                     AND j.next_slot <= clock_timestamp() + j.ttl / 10
-                     AND f.job_key IN (SELECT job_key FROM fence)
-                THEN greatest(f.token + 1, {token_floor}) END AS next_token
-    FROM f
-    LEFT JOIN {schema}.scheduled_jobs AS j ON j.job_key = f.job_key
-    LEFT JOIN {schema}.job_leases AS l ON l.job_key = f.job_key
-    LIMIT %(count)s  -- the planner's row estimate, as above
 ), job AS (
     UPDATE {schema}.scheduled_jobs AS j
     SET running_slot = CASE WHEN f.done THEN NULL ELSE j.running_slot END,
@@ -472,83 +508,47 @@ WITH f AS MATERIALIZED (
         running_token = CASE WHEN f.done THEN NULL ELSE j.running_token END,
         running_attempt = CASE WHEN f.done THEN NULL ELSE j.running_attempt END,
         -- Done: due at the next slot, where the start already put it (no index entry moves).
-        -- Not done: due at once (running_slot stays). Kept: as sched_claim's `mark` puts a
-        -- claimed job (the start's guess for an `every` job; else the lease's expiry).
+        -- Not done: due at once (running_slot stays). Kept: not due until the reserve after
+        -- the next slot (a start that expected to be kept put it there already).
         held_until = CASE
-            WHEN f.next_token IS NULL THEN NULL
-            WHEN j.every IS NOT NULL AND j.jitter IS NULL
-                 AND j.next_slot + make_interval(secs => extract(epoch FROM j.every))
-                     > clock_timestamp()
-            THEN least(j.next_slot + make_interval(secs => extract(epoch FROM j.every)),
-                       clock_timestamp() + j.ttl)
-            ELSE clock_timestamp() + j.ttl END,
-        claim_token = coalesce(f.next_token, j.claim_token),
-        claimed_at = CASE WHEN f.next_token IS NULL THEN j.claimed_at
-                          ELSE clock_timestamp() END,
+            WHEN f.keep AND f.done AND NOT j.paused AND j.trigger_at IS NULL
+                 AND j.backfill_next IS NULL
+                 AND j.next_slot <= clock_timestamp() + make_interval(secs => %(keep_ahead)s)
+            THEN greatest(j.held_until, j.next_slot + make_interval(secs => %(reserve)s))
+            END,
         done_slot = CASE WHEN f.done AND f.kind NOT IN ('manual', 'backfill')
                          THEN greatest(j.done_slot, f.slot) ELSE j.done_slot END,
         -- This run recorded its end: its worker was not gone (unless it is one that did not
         -- stop at its worker's shutdown: the next claim counts it as a crash).
         crash_streak = CASE WHEN f.outcome = 'abandoned' THEN j.crash_streak ELSE 0 END
-    FROM fk AS f
-    WHERE j.job_key = f.job_key AND j.claim_token = f.token AND j.running_token = f.token
-    RETURNING j.job_key, f.token, f.owner,
-              CASE WHEN f.next_token IS NOT NULL THEN f.keep END AS keep, f.next_token,
-              j.cron, j.every, j.timezone, j.ttl, j.misfire, j.misfire_grace, j.on_crash,
-              j.revision, j.next_slot, j.done_slot, j.trigger_at, j.crash_streak,
-              j.quarantine_after, j.task, j.args, j.run_at, j.starts_at, j.ends_at, j.jitter,
-              j.max_runs, j.runs_started, j.overlap, j.backfill_next, j.backfill_to
-), taken AS (
-    -- The kept leases: the job row is locked and matched above, so no claim can take the job
-    -- over now; the lease row is matched on the run's own owner and token.
-    UPDATE {schema}.job_leases AS l
-    SET lease_owner = job.keep, fencing_token = job.next_token,
-        lease_until = clock_timestamp() + job.ttl, lease_ttl = job.ttl,
-        acquired_at = clock_timestamp(), renewed_at = clock_timestamp()
-    FROM job
-    WHERE job.keep IS NOT NULL
-      AND l.job_key = job.job_key AND l.lease_owner = job.owner AND l.fencing_token = job.token
-    RETURNING l.job_key, l.lease_owner, l.fencing_token, l.lease_until, clock_timestamp() AS now,
-              job.cron, job.every, job.timezone, job.ttl, job.misfire, job.misfire_grace,
-              job.on_crash, job.revision, job.next_slot, job.done_slot, job.trigger_at,
-              job.crash_streak, job.quarantine_after, job.task, job.args, job.run_at,
-              job.starts_at, job.ends_at, job.jitter, job.max_runs, job.runs_started,
-              job.overlap, job.backfill_next, job.backfill_to
-), state AS (
-    UPDATE {schema}.job_state AS s
-    SET token = t.fencing_token
-    FROM taken AS t
-    WHERE s.job_key = t.job_key
-), again AS (
-    -- A retry: leases the first attempt kept and whose start nobody recorded since.
-    SELECT l.job_key, l.lease_owner, l.fencing_token, l.lease_until, clock_timestamp() AS now,
-           j.cron, j.every, j.timezone, j.ttl, j.misfire, j.misfire_grace, j.on_crash,
-           j.revision, j.next_slot, j.done_slot, j.trigger_at, j.crash_streak,
-           j.quarantine_after, j.task, j.args, j.run_at, j.starts_at, j.ends_at, j.jitter,
-           j.max_runs, j.runs_started, j.overlap, j.backfill_next, j.backfill_to
     FROM f
-    JOIN {schema}.job_leases AS l ON l.job_key = f.job_key AND l.lease_owner = f.keep
-    JOIN {schema}.scheduled_jobs AS j
-      ON j.job_key = f.job_key AND j.claim_token = l.fencing_token
-    WHERE %(retry)s::boolean AND f.keep IS NOT NULL AND j.running_token IS NULL
-      AND l.lease_until >= clock_timestamp()
+    WHERE j.job_key = f.job_key AND j.claim_token = f.token AND j.running_token = f.token
+    RETURNING j.job_key, f.token, j.held_until IS NOT NULL AS kept, j.cron, j.every,
+              j.timezone, j.ttl, j.misfire, j.misfire_grace, j.on_crash, j.revision,
+              j.next_slot, j.done_slot, j.trigger_at, j.crash_streak, j.quarantine_after,
+              j.task, j.args, j.run_at, j.starts_at, j.ends_at, j.jitter, j.max_runs,
+              j.runs_started, j.overlap, j.backfill_next, j.backfill_to
 ), released AS (
     UPDATE {schema}.job_leases AS l
     SET lease_until = clock_timestamp()
     FROM f
     WHERE l.job_key = f.job_key AND l.lease_owner = f.owner AND l.fencing_token = f.token
       AND l.lease_until >= clock_timestamp()
-      AND f.job_key NOT IN (SELECT job_key FROM job WHERE job.keep IS NOT NULL)
     RETURNING l.job_key
 ), m AS (
     -- Each run's fence match, stated once for its history row and for the answer; a run
     -- keeps its own outcome if the fence held or it did not claim success or failure.
     -- A removed runtime schedule's run (no job row) was not taken over: it keeps its own.
+    -- Sent again after its answer was lost, a run whose job nobody claimed since (its end
+    -- cleared running_token) matched the first time.
     SELECT f.*, f.matched OR f.outcome NOT IN ('succeeded', 'failed')
                 OR NOT EXISTS (SELECT 1 FROM {schema}.scheduled_jobs AS s
                                WHERE s.job_key = f.job_key) AS own
     FROM (SELECT f.*, (f.job_key, f.token) IN (SELECT job_key, token FROM job)
-                      OR f.job_key IN (SELECT job_key FROM again) AS matched
+                      OR (%(retry)s::boolean AND EXISTS (
+                          SELECT 1 FROM {schema}.scheduled_jobs AS s
+                          WHERE s.job_key = f.job_key AND s.claim_token = f.token
+                            AND s.running_token IS NULL)) AS matched
           FROM f) AS f
 ), run AS (
     INSERT INTO {schema}.job_runs AS r
@@ -601,15 +601,17 @@ SELECT m.job_key, m.token, m.matched,
 FROM m
 LEFT JOIN run ON run.job_key = m.job_key AND run.token = m.token
 UNION ALL
--- The kept leases' claims (a job's unfinished run is none: running_* NULL; prior_gone false;
--- freed_at NULL: the lease before this claim was this worker's own).
-SELECT k.job_key, NULL, NULL, NULL, NULL, NULL, k.lease_owner, k.fencing_token, k.lease_until,
-       k.cron, k.every, k.timezone, k.ttl, k.misfire, k.misfire_grace, k.on_crash, k.revision,
-       k.next_slot, k.done_slot, NULL, NULL, NULL, NULL, k.trigger_at, k.now, NULL, false,
+-- The kept jobs, as sched_claim returns a job it claimed: the lease's columns are the
+-- released lease's token (owner and expiry NULL: the start takes it over), nothing running
+-- (prior_gone false), freed_at NULL (the lease before it was this worker's own).
+SELECT k.job_key, NULL, NULL, NULL, NULL, NULL, NULL, k.token, NULL, k.cron, k.every,
+       k.timezone, k.ttl, k.misfire, k.misfire_grace, k.on_crash, k.revision, k.next_slot,
+       k.done_slot, NULL, NULL, NULL, NULL, k.trigger_at, clock_timestamp(), NULL, false,
        k.crash_streak, k.quarantine_after, NULL, k.task, k.args, k.run_at, k.starts_at,
        k.ends_at, k.jitter, k.max_runs, k.runs_started, k.overlap, k.backfill_next,
        k.backfill_to
-FROM (SELECT * FROM taken UNION ALL SELECT * FROM again) AS k;
+FROM job AS k
+WHERE k.kept;
 
 -- name: sched_running
 -- The history rows of runs still in progress a while after their start (the worker sends
