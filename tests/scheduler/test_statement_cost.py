@@ -345,9 +345,7 @@ def test_a_claimed_every_job_is_due_at_its_following_slot_where_its_start_leaves
     assert due_at == next_slot + dt.timedelta(seconds=2) < claim.lease_until
 
 
-def _job_row_updates(
-    dsn: str, schema: str, every: str, runs_each: int = 3
-) -> tuple[int, int, int]:
+def _job_row_updates(dsn: str, schema: str, every: str, runs_each: int = 3) -> tuple[int, int, int]:
     """20 jobs ``every`` so often (TTL 30 s) run at least ``runs_each`` times each by one
     worker: the succeeded runs, and the job rows' updates and heap-only updates meanwhile."""
     prepare(dsn, schema)
