@@ -4,13 +4,16 @@ scheduling, in a real `tenure worker` process."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support.env import run_tenure, tenure_env
+from tests.support.env import ROOT, run_tenure, tenure_env
 from tests.support.scheduler_support import prepare, query, wait_for, worker_processes
 
 pytestmark = pytest.mark.slow
@@ -141,6 +144,76 @@ def test_an_isolated_body_runs_in_a_child_with_fenced_writes(
         dsn, schema, "SELECT pid FROM {schema}.evidence WHERE job_key = 'writes-async'"
     )
     assert async_pid not in (worker.pid, pid)
+
+
+@pytest.mark.parametrize("key", ["leaves-a-pool", "leaves-a-thread"])
+def test_an_isolated_run_ends_with_its_body_whatever_the_body_left_running(
+    dsn: str, schema: str, tmp_path: Path, key: str
+) -> None:
+    """The child reported only once asyncio.run and the interpreter had finished, and the
+    worker waited for it to exit: a body that left a pool connecting (the writes-async
+    failure above, in CI) or a thread running held its run open for good, lease renewed."""
+    prepare(dsn, schema)
+    env = tenure_env(dsn, schema)
+    with worker_processes(1, "isolated", env, tmp_path) as [worker]:
+        done = run_tenure(["jobs", "trigger", key], env)
+        assert done.returncode == 0, done.stderr
+        try:
+            runs = wait_for(lambda: finished(dsn, schema, key), timeout=30, what=f"{key}'s run")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{worker.log()}") from None
+        assert runs == [("succeeded", None)], runs
+        [(child,)] = query(
+            dsn, schema, "SELECT pid FROM {schema}.evidence WHERE job_key = %s", (key,)
+        )
+        assert not os.path.exists(f"/proc/{child}")  # stopped and reaped, not left behind
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0, worker.log()
+    if key == "leaves-a-thread":  # it cannot end on its own: the worker stopped it
+        assert f"job {key!r} slot" in worker.log()
+        assert "did not exit" in worker.log()
+
+
+def test_an_isolated_child_exits_after_its_body_whatever_tasks_the_body_left() -> None:
+    """asyncio.run waits without a bound for the tasks a body left to end once cancelled:
+    one that ignores being cancelled held the child forever. Here without a worker: the
+    child must exit on its own (status 0, not stopped by a signal)."""
+    read_fd, write_fd = os.pipe()
+    request = {
+        "module": "tests.support.scheduler_apps",
+        "qualname": "leaves_a_task",
+        "is_async": True,
+        "path": sys.path,
+        "dsn": None,
+        "schema": "unused",
+        "job_key": "leaves-a-task",
+        "token": 1,
+        "slot": "2026-01-01T00:00:00+00:00",
+        "kind": "scheduled",
+        "attempt": 1,
+        "worker_id": "test",
+        "args": {},
+        "task": None,
+        "report_fd": write_fd,
+    }
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tenure.scheduler.child"],
+        stdin=subprocess.PIPE,
+        pass_fds=(write_fd,),
+        cwd=ROOT,
+    )
+    os.close(write_fd)
+    try:
+        child.communicate(json.dumps(request).encode(), timeout=60)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+        raise AssertionError("the child did not exit after its body returned") from None
+    finally:
+        with os.fdopen(read_fd) as pipe:
+            report = pipe.read()
+    assert child.returncode == 0
+    assert json.loads(report) == {"outcome": "succeeded", "stale": False, "cancelled": False}
 
 
 def test_a_stopping_worker_stops_its_isolated_child_and_hands_the_slot_over(

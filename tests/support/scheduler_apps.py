@@ -259,6 +259,50 @@ async def writes_async(ctx: tenure.JobContext) -> None:
     await record_async(ctx)
 
 
+# Bodies that return leaving something running in their process. The run must still be
+# recorded when the body returns, and the process must not outlive it.
+_left: list[Any] = []  # what they leave, referenced
+
+
+@isolated.job("leaves-a-pool", cron=NEVER, ttl="5s", isolation="process")
+async def leaves_a_pool(ctx: tenure.JobContext) -> None:
+    """Returns while a pool of its own is still making a connection, as writes-async does
+    when the pool it never closes is growing: psycopg_pool 3.3 catches the CancelledError
+    that the end of asyncio.run sends into that connect ("error connecting in 'pool-N': ",
+    an empty message) and its task waits on for more work."""
+    await record_async(ctx)
+    connecting = asyncio.Event()
+
+    async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
+        connecting.set()
+        await asyncio.sleep(3600)
+
+    pool = AsyncConnectionPool(DSN, min_size=1, configure=configure, open=False)
+    await pool.open()
+    _left.append(pool)
+    await connecting.wait()
+
+
+async def _stubborn() -> None:
+    while True:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(3600)
+
+
+async def leaves_a_task(ctx: tenure.JobContext) -> None:
+    """Returns leaving a task that ignores being cancelled (run by the child alone)."""
+    _left.append(asyncio.create_task(_stubborn()))
+    await asyncio.sleep(0)
+
+
+@isolated.job("leaves-a-thread", cron=NEVER, ttl="5s", isolation="process")
+def leaves_a_thread(ctx: tenure.JobContext) -> None:
+    """Returns leaving a thread that never ends (not a daemon: the interpreter waits for it
+    on its way out)."""
+    record(ctx)
+    threading.Thread(target=threading.Event().wait, name="left-running").start()
+
+
 @isolated.job("waits", cron=NEVER, ttl="5s", isolation="process")
 def waits(ctx: tenure.JobContext) -> None:
     record(ctx, "started")

@@ -8,14 +8,24 @@ job's module, calls the function with a :class:`ProcessJobContext` and reports; 
 run as failed. The worker keeps the lease: when it is lost, or the worker shuts down, the
 child gets SIGTERM (``ctx.cancelled``, ``ctx.check()`` raises; an async body is cancelled)
 and SIGKILL after a grace.
+
+The report is written as soon as the body has ended, before anything it left running is
+wound down: the run's outcome does not wait for this process's exit. An async body's
+leftover tasks are cancelled as ``asyncio.run`` does, but waited for at most
+:data:`LEFTOVERS` seconds (``asyncio.run`` waits without a bound, and a task that swallows
+its cancellation, as psycopg_pool 3.3's connecting task does, held the child for good).
+Whatever still holds the process after its report (a thread that never ends), the worker
+stops (:mod:`.isolation`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import importlib
 import json
+import logging
 import os
 import signal
 import sys
@@ -25,10 +35,14 @@ from typing import Any
 from ..leases._sync.client import Client, connect
 from ..leases.context import RunContext, SyncStore
 
+log = logging.getLogger("tenure.scheduler")
+
 #: The longest error message reported back (the run history keeps it).
 MAX_ERROR = 4000
 #: Why ``ctx.check()`` raises after SIGTERM.
 STOPPED = "the worker stopped this run"
+#: Seconds an async body's leftover tasks get to end once cancelled, after its report.
+LEFTOVERS = 1.0
 
 
 class ProcessJobContext(RunContext):
@@ -79,8 +93,8 @@ def _function(request: dict[str, Any]) -> Any:
     return target
 
 
-def _run(fn: Any, ctx: ProcessJobContext, is_async: bool) -> None:
-    if not is_async:
+def _run(fn: Any, ctx: ProcessJobContext, loop: asyncio.AbstractEventLoop | None) -> None:
+    if loop is None:
         signal.signal(signal.SIGTERM, lambda *_: ctx._stop(STOPPED))
         fn(ctx)
         return
@@ -93,29 +107,72 @@ def _run(fn: Any, ctx: ProcessJobContext, is_async: bool) -> None:
             ctx._stop(STOPPED)
             task.cancel()
 
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop)
-        await fn(ctx)
+        loop.add_signal_handler(signal.SIGTERM, stop)
+        try:
+            await fn(ctx)
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
 
-    asyncio.run(body())
+    asyncio.set_event_loop(loop)
+    loop.run_until_complete(body())
+
+
+def _close(loop: asyncio.AbstractEventLoop, job_key: str) -> None:
+    """What ``asyncio.run`` does after its coroutine, within one deadline: cancel the tasks
+    left running and wait for them, finish async generators; then close the loop, unless a
+    task is still there (the process exits without it). The default executor's threads are
+    joined by the interpreter's exit, as every ThreadPoolExecutor's are."""
+
+    async def wind_down() -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(LEFTOVERS):
+                if tasks:
+                    await asyncio.wait(tasks)
+                await loop.shutdown_asyncgens()
+
+    tasks = asyncio.all_tasks(loop)
+    for task in tasks:
+        task.cancel()
+    loop.run_until_complete(wind_down())
+    asyncio.set_event_loop(None)
+    if left := [task for task in tasks if not task.done()]:
+        # Not closed under them: their coroutines still run their cleanup when destroyed.
+        log.warning(
+            "job %r: %d task(s) its body left running did not end within %s s of being "
+            "cancelled (%s); the job's process exits without them",
+            job_key,
+            len(left),
+            LEFTOVERS,
+            ", ".join(task.get_name() for task in left),
+        )
+        return
+    loop.close()
 
 
 def main() -> None:
     request = json.loads(sys.stdin.read())
     report = os.fdopen(request["report_fd"], "w")
     ctx = ProcessJobContext(request)
+    loop = asyncio.new_event_loop() if request["is_async"] else None
     outcome: dict[str, Any] = {"outcome": "succeeded"}
     try:
-        _run(_function(request), ctx, request["is_async"])
+        _run(_function(request), ctx, loop)
     except BaseException as exc:  # reported, whatever it is: this process ends anyway
         text = str(exc)
         error = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
         outcome = {"outcome": "failed", "error": error[:MAX_ERROR]}
+    # The body has ended: from here a SIGTERM from the worker just ends this process.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     outcome["stale"] = ctx._stale
     outcome["cancelled"] = ctx.cancelled
     report.write(json.dumps(outcome) + "\n")
-    report.flush()
-    if ctx._client is not None:
-        ctx._client.close()
+    report.close()  # the worker has the outcome, whatever the rest of this exit does
+    try:
+        if loop is not None:
+            _close(loop, ctx.job_key)
+    finally:
+        if ctx._client is not None:
+            ctx._client.close()
 
 
 if __name__ == "__main__":
