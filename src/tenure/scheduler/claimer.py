@@ -145,9 +145,11 @@ class Claimer(OnClient):
     def reserve(self, wanted: int) -> int:
         """Room for up to ``wanted`` next runs of jobs the finisher keeps for this worker
         (:class:`~.finisher.Keeper`), counted against ``claim_ahead`` at once, as a claim's
-        are: none while a body slot is wanted (see :meth:`_room`: a busy worker lets its jobs
-        go to others) or the worker stops."""
-        if self._stopping or not self.limit.room():
+        are: none while the worker is saturated (it skips slots or starts them a second
+        late: its jobs go to other workers) or stops. Not :meth:`_room`'s body slots: at a
+        few thousand short runs a second a start batch's runs always wait a moment for one,
+        so the finish right after would keep nothing."""
+        if self._stopping or self.saturation.saturated:
             return 0
         room = self.claim_ahead - (self.starter.starting + self.limit.waiting)
         taken = max(0, min(wanted, room))

@@ -293,7 +293,7 @@ class Worker:
                 self.request_stop(True)
             await self._drain()
             log.info(
-                "tenure %s stopped: %d jobs, %d runs, %d leases kept for a next slot, "
+                "tenure %s stopped: %d jobs, %d runs (%d of them kept from the run before), "
                 "%d handed over%s",
                 self.label,
                 len(specs),
