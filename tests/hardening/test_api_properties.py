@@ -257,6 +257,7 @@ def _drop(dsn: str, schema: str) -> None:
 @example(name="é" * 32)  # 64 bytes
 @example(name="pg_x")
 @example(name="")
+@example(name="\n")  # a comment of a migration that named {schema} ended at the newline
 def test_schema_names_refused_or_usable(dsn: str, name: Any) -> None:
     tried("api: schema names")
     if not valid_schema(name):

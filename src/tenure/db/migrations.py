@@ -8,6 +8,8 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 
+from .queries import strip_comments
+
 _FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
 
 #: Serialises concurrent migrators (any schema): pg_advisory_xact_lock(hashtext(LOCK_NAME)).
@@ -28,7 +30,8 @@ def available() -> tuple[Migration, ...]:
     for entry in folder.iterdir():
         m = _FILE.match(entry.name)
         if m:
-            found.append(Migration(int(m.group(1)), m.group(2), entry.read_text("utf-8")))
+            sql = strip_comments(entry.read_text("utf-8"))
+            found.append(Migration(int(m.group(1)), m.group(2), sql))
     found.sort(key=lambda mig: mig.version)
     versions = [mig.version for mig in found]
     if len(set(versions)) != len(versions):

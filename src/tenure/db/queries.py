@@ -21,8 +21,10 @@ from psycopg import sql
 _BLOCK = re.compile(r"^-- (name|fragment): (\w+)\s*$", re.MULTILINE)
 
 
-def _strip(body: str) -> str:
-    # Comments stay in the file for reviewers; they are not sent with each execution.
+def strip_comments(body: str) -> str:
+    """``body`` without its comment lines. Comments stay in the files for reviewers; they
+    are not sent with each execution, and ``{schema}`` is never substituted inside one (a
+    schema name with a newline in it ended the comment there, and the rest ran as SQL)."""
     return "\n".join(
         line for line in body.strip().splitlines() if not line.lstrip().startswith("--")
     )
@@ -44,7 +46,7 @@ def named(package: str = "tenure.db") -> dict[str, str]:
             into = found if kind == "name" else fragments
             if name in into:
                 raise RuntimeError(f"{kind} {name!r} is defined twice (sql/{entry.name})")
-            into[name] = _strip(body)
+            into[name] = strip_comments(body)
     for name, body in found.items():
         for fragment, text in fragments.items():
             body = body.replace("{" + fragment + "}", text)
