@@ -136,3 +136,12 @@ def test_each_fetch_names_its_statements_row_type() -> None:
         if name not in ROW_TYPES or ROW_TYPES[name].__name__ != row.rsplit(".", 1)[-1]
     ]
     assert wrong == []
+
+
+def test_a_kept_job_s_row_of_the_finish_is_a_claim_s_row() -> None:
+    """sched_finish returns a kept job as sched_claim returns a claimed one, after the
+    columns of its finished runs: FinishedRow.claim() reads it by position from there."""
+    from tenure.scheduler.rows import ClaimRow, FinishedRow
+
+    fields = list(FinishedRow._fields)
+    assert fields[fields.index("lease_owner") :] == list(ClaimRow._fields)[1:]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from ..db.rows import row_of
 
@@ -137,11 +137,11 @@ class FinishedRow(NamedTuple):
 
     def claim(self) -> ClaimRow:
         """A kept job's row as the claim's (the same columns, in the same order)."""
-        return ClaimRow._make((self.job_key, *self[_CLAIM_FROM:]))
+        return ClaimRow(self.job_key, *cast("tuple[Any, ...]", self[_CLAIM_FROM:]))
 
 
 #: Where the claim's columns begin in a row of ``sched_finish``.
-_CLAIM_FROM = FinishedRow._fields.index("lease_owner")
+_CLAIM_FROM = list(FinishedRow.__annotations__).index("lease_owner")
 
 
 @row_of("sched_start")
