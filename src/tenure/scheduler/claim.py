@@ -66,8 +66,29 @@ class Claim:
     @classmethod
     def from_rows(cls, lease: ClaimRow, job: ClaimRow) -> Claim:
         """The claim of a lease taken and its job's row read (two rows of ``sched_claim``)."""
-        key, token = lease.job_key, lease.fencing_token
-        assert key is not None and token is not None  # a taken lease's row
+        return cls._of(
+            lease.job_key, lease.lease_owner, lease.fencing_token, lease.lease_until, job
+        )
+
+    @classmethod
+    def kept(cls, row: ClaimRow, owner: uuid.UUID) -> Claim:
+        """The claim of a job a finish kept for this worker (one row of ``sched_finish``:
+        the released lease's token): its start takes the lease over with ``owner``; until
+        then the lease's term from the finish's ``now`` stands for its expiry."""
+        return cls._of(row.job_key, owner, row.fencing_token, row.now + row.ttl, row, take=True)
+
+    @classmethod
+    def _of(
+        cls,
+        key: str | None,
+        owner: uuid.UUID,
+        token: int | None,
+        lease_until: dt.datetime,
+        job: ClaimRow,
+        *,
+        take: bool = False,
+    ) -> Claim:
+        assert key is not None and token is not None  # a taken (or released) lease's row
         state = JobState(
             job.next_slot,
             job.done_slot,
@@ -85,9 +106,9 @@ class Claim:
         )
         return cls(
             key,
-            lease.lease_owner,
+            owner,
             token,
-            lease.lease_until,
+            lease_until,
             job.cron,
             job.every,
             job.timezone,
@@ -108,6 +129,7 @@ class Claim:
             job.jitter,
             job.max_runs,
             job.overlap,
+            take,
         )
 
     @property

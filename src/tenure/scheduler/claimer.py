@@ -70,7 +70,7 @@ class Claimer(OnClient):
         self.saturation = saturation
         self._stopping = False
         self._exclude: set[str] = set()
-        self._warned: set[tuple[str, int]] = set()
+        self._compared: set[tuple[str, int]] = set()  # (job, revision) held against the code
         self._schedules: dict[tuple[Any, ...], Schedule] = {}
 
     def stop(self) -> None:
@@ -140,7 +140,10 @@ class Claimer(OnClient):
         unstarted = self.starter.starting + self.limit.waiting
         if unstarted >= self.claim_ahead:
             self.starter.wake_claims = True
-        return min(self.claim_ahead - unstarted, self.finish_backlog - self.finisher.backlog)
+        unrecorded = self.finisher.backlog
+        if unrecorded >= self.finish_backlog:
+            self.finisher.wake_claims = True
+        return min(self.claim_ahead - unstarted, self.finish_backlog - unrecorded)
 
     def reserve(self, wanted: int) -> int:
         """Room for up to ``wanted`` next runs of jobs the finisher keeps for this worker
@@ -161,14 +164,7 @@ class Claimer(OnClient):
         starts take the leases over: a new owner each), or given back if the worker stopped
         meanwhile; the room reserved for the others is freed."""
         self.starter.starting -= reserved
-        claims = []
-        for row in rows:
-            claim = Claim.from_rows(row, row)
-            claims.append(
-                dataclasses.replace(
-                    claim, owner=uuid.uuid4(), lease_until=claim.now + claim.ttl, take=True
-                )
-            )
+        claims = [Claim.kept(row, uuid.uuid4()) for row in rows]
         if claims and self._stopping:
             self.starter.background(release_claims(self.client, claims))
         elif claims:
@@ -234,22 +230,21 @@ class Claimer(OnClient):
             if spec is None:
                 foreign.append(claim)
                 continue
-            if (
-                claim.task is None
-                and claim.differs_from(spec)
-                and (claim.job_key, claim.revision) not in self._warned
-            ):
-                self._warned.add((claim.job_key, claim.revision))
-                log.warning(
-                    "job %r: the database holds a different definition (revision %d: %s) "
-                    "than this worker's code (%s); following the database, where the app's newest "
-                    "registration wins. Restart this worker with the current code",
-                    claim.job_key,
-                    claim.revision,
-                    self._schedule(claim).describe(),
-                    spec.schedule.describe(),
-                    extra={"job": claim.job_key},
-                )
+            seen = (claim.job_key, claim.revision)
+            if claim.task is None and seen not in self._compared:
+                # Once per definition the database holds (every claim of it reads the same).
+                self._compared.add(seen)
+                if claim.differs_from(spec):
+                    log.warning(
+                        "job %r: the database holds a different definition (revision %d: %s) "
+                        "than this worker's code (%s); following the database, where the app's "
+                        "newest registration wins. Restart this worker with the current code",
+                        claim.job_key,
+                        claim.revision,
+                        self._schedule(claim).describe(),
+                        spec.schedule.describe(),
+                        extra={"job": claim.job_key},
+                    )
             try:
                 decided = plan(
                     self._schedule(claim), claim.policy(), claim.state, claim.at, claim.token

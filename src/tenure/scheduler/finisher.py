@@ -92,6 +92,8 @@ class Finisher(OnClient):
         self.handed_over = 0
         #: Jobs kept for this worker's next run of them (their rows went to the keeper).
         self.kept = 0
+        #: Set by the claim loop when the finish backlog left it no room: the next end wakes it.
+        self.wake_claims = False
         #: Per job, the token and slot of this worker's last run whose body ended
         #: (succeeded or failed), from the moment it ended: that slot ran, whatever the
         #: database says of it later. Its end may be on its way, given up on, or recorded
@@ -336,4 +338,11 @@ class Finisher(OnClient):
                 extra=run_fields(key, token, ident.slot, outcome=recorded),
             )
         self.running.pop((key, token), None)
-        self.wake.set()
+        # The claim loop wakes when this end may let it claim: its finish backlog was full,
+        # the slot was handed over (peers hear of it too), or the worker is stopping (it
+        # waits for its runs). Not at every end: a busy worker's claim loop then sent a claim
+        # after each batch, mostly for nothing, and won every claim race against idler
+        # workers for the jobs let go (see RELEASE_ODDS).
+        if self.wake_claims or not done or self._stopping:
+            self.wake_claims = False
+            self.wake.set()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .schedules import Policy, Schedule
@@ -25,10 +25,11 @@ class JobSpec:
     ttl: float
     policy: Policy
     isolation: str = "none"  # "process": the body runs in a child process
+    #: Its function is a coroutine function (looked up once: every run asks).
+    is_async: bool = field(init=False, repr=False, compare=False)
 
-    @property
-    def is_async(self) -> bool:
-        return inspect.iscoroutinefunction(self.fn)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "is_async", inspect.iscoroutinefunction(self.fn))
 
     @property
     def qualname(self) -> str:

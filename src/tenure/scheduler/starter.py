@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import datetime as dt
 import heapq
 import itertools
@@ -20,9 +19,9 @@ from .. import metrics
 from .._acompat import monotonic
 from ..errors import TenureError
 from ..leases._async.client import AsyncClient
+from ..leases.models import Grant
 from .attached import OnClient
 from .claim import Claim, start_params
-from .execution import Run
 from .identity import WorkerIdentity
 from .rows import StartedRow
 from .saturation import Saturation
@@ -34,8 +33,9 @@ log = logging.getLogger("tenure.scheduler")
 #: Most claims one start statement records.
 START_BATCH = 1000
 
-#: Launches a recorded run: (claim, spec, schedule, plan, its recorded start, claim sent at).
-Launch = Callable[[Claim, JobSpec, Schedule, Plan, dt.datetime, float], None]
+#: Launches a recorded run: (claim, spec, schedule, plan, its recorded start, when its lease's
+#: request was sent, and the lease a kept job's start took over: None for the claim's own).
+Launch = Callable[[Claim, JobSpec, Schedule, Plan, dt.datetime, float, Grant | None], None]
 
 
 class _Planned:
@@ -60,13 +60,11 @@ class Starter(OnClient):
         self,
         who: WorkerIdentity,
         *,
-        running: dict[tuple[str, int], Run],
         launch: Launch,
         wake: asyncio.Event,
         saturation: Saturation,
     ) -> None:
         self.who = who
-        self._running = running
         self._launch = launch
         self._wake = wake
         self.saturation = saturation
@@ -167,11 +165,11 @@ class Starter(OnClient):
         """Launch the runs of a start batch (``rows``: the statement's answer; None: it was
         not recorded; ``sent``: when it was sent) and give back the capacity of the claims
         that did not become runs."""
+        launched = 0
         try:
             if rows is not None:
-                self._launch_started(batch, rows, sent)
+                launched = self._launch_started(batch, rows, sent)
         finally:
-            launched = sum(1 for p in batch if (p.claim.job_key, p.claim.token) in self._running)
             self.starting -= len(batch)
             if launched < len(batch) or self.wake_claims:
                 self.wake_claims = False
@@ -218,7 +216,8 @@ class Starter(OnClient):
             return None
         return rows
 
-    def _launch_started(self, batch: list[_Planned], rows: list[StartedRow], sent: float) -> None:
+    def _launch_started(self, batch: list[_Planned], rows: list[StartedRow], sent: float) -> int:
+        """Launch the recorded runs of a batch; how many were launched."""
         # A row per recorded job, with its run's start (NULL: nothing to run) and the lease a
         # kept job's start took over.
         answered = {row.job_key: row for row in rows}
@@ -244,6 +243,7 @@ class Starter(OnClient):
             if decided.run_kind == "scheduled" and slot is not None and at and counts(slot):
                 lateness.append((at - claim.due_here(slot)).total_seconds())
         self.saturation.observe(skipped, lateness, monotonic())
+        launched = 0
         for p in batch:
             claim, decided = p.claim, p.decided
             extra = {"job": claim.job_key, "token": claim.token}
@@ -281,13 +281,15 @@ class Starter(OnClient):
                 if not claim.take:  # a kept job's start with nothing to run took no lease
                     metrics.emit(metrics.RELEASE, claim.job_key, value=0.0)
                 continue
-            if claim.take:
+            if claim.take:  # its lease, taken over by this start, counts from its send
                 assert row.token is not None and row.lease_until is not None
-                claim = dataclasses.replace(claim, token=row.token, lease_until=row.lease_until)
                 metrics.emit(metrics.ACQUIRE, claim.job_key, "acquired")
-                self._launch(claim, p.spec, p.schedule, decided, at, sent)
-                continue
-            self._launch(claim, p.spec, p.schedule, decided, at, p.sent)
+                grant = Grant(row.token, row.lease_until)
+                self._launch(claim, p.spec, p.schedule, decided, at, sent, grant)
+            else:
+                self._launch(claim, p.spec, p.schedule, decided, at, p.sent, None)
+            launched += 1
+        return launched
 
     def _report_skipped(self, claim: Claim, decided: Plan) -> None:
         if not decided.skipped:

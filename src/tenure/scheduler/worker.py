@@ -41,8 +41,9 @@ named in a warning and the ``worker_loop_lag`` metric; the lease it loses under 
 does not count toward quarantine (``sched_claim``'s ``prior_gone``).
 
 Wake-ups: the claim's "look again at" time, a ``LISTEN`` on a dedicated connection (schedule
-changes, pause/resume/trigger, handed-over slots), and the end of a local run. The longest
-sleep is :data:`~.claimer.MAX_IDLE`, a safety net for a lost notification.
+changes, pause/resume/trigger, handed-over slots), and room for more claims (a body slot, a
+start, a recorded end where the claim loop found none). The longest sleep is
+:data:`~.claimer.MAX_IDLE`, a safety net for a lost notification.
 """
 
 from __future__ import annotations
@@ -121,7 +122,6 @@ class Worker:
         self.loop_lag = LoopLag(self.id, settings.app, self._running, limit)
         self.starter = Starter(
             self.who,
-            running=self._running,
             launch=self._launch,
             wake=self._wake,
             saturation=self.saturation,
@@ -324,21 +324,25 @@ class Worker:
         decided: Plan,
         started_at: dt.datetime,
         sent: float,
+        grant: Grant | None,
     ) -> None:
         assert decided.run_slot is not None and decided.run_kind is not None
         ttl = claim.ttl.total_seconds()
+        if grant is None:  # the claim's own lease (a kept job's start took one: ``grant``)
+            grant = Grant(claim.token, claim.lease_until)
+        token = grant.token
         lease = AsyncLease(
             self.client,
             claim.job_key,
             claim.owner,
-            Grant(claim.token, claim.lease_until),
+            grant,
             ttl=ttl,
             safety_margin=default_margin(ttl),
             sent_at=sent,
         )
         ctx = JobContext(
             job_key=claim.job_key,
-            token=claim.token,
+            token=token,
             slot=schedule.local(decided.run_slot),
             kind=decided.run_kind,
             attempt=decided.attempt,
@@ -351,7 +355,7 @@ class Worker:
         lease.on_lost(lambda lost: ctx._stop(lost.lost_reason or "the lease is lost"))
         ident = RunIdentity(
             claim.job_key,
-            claim.token,
+            token,
             claim.owner,
             decided.run_slot,
             decided.run_kind,
@@ -367,7 +371,7 @@ class Worker:
                 "scheduled",
                 (started_at - decided.run_slot).total_seconds(),
             )
-        self._running[(claim.job_key, claim.token)] = run
+        self._running[(claim.job_key, token)] = run
         run.task = asyncio.create_task(self._run(run), name=f"tenure-run-{claim.job_key}")
 
     async def _run(self, run: Run) -> None:

@@ -493,7 +493,10 @@ RETURNING l.job_key;
 -- %(reserve)s seconds after that slot (held_until), so other workers' claims leave it to this
 -- worker, whose start of that slot takes the lease over (sched_start's `take`). For those
 -- runs a second row comes back with the job's columns as sched_claim returns them (token
--- NULL; fencing_token: the released lease's token, which that start must find).
+-- NULL; fencing_token: the released lease's token, which that start must find). A done run
+-- whose job could have been kept and was not is let go with a notification: its job was due
+-- only after the reserve (its start expected to keep it), and every worker's claim loop must
+-- look again to claim it at its slot.
 WITH f AS MATERIALIZED (
     SELECT *
     FROM json_to_recordset(%(runs)s::json)
@@ -523,7 +526,11 @@ WITH f AS MATERIALIZED (
         crash_streak = CASE WHEN f.outcome = 'abandoned' THEN j.crash_streak ELSE 0 END
     FROM f
     WHERE j.job_key = f.job_key AND j.claim_token = f.token AND j.running_token = f.token
-    RETURNING j.job_key, f.token, j.held_until IS NOT NULL AS kept, j.cron, j.every,
+    RETURNING j.job_key, f.token, j.held_until IS NOT NULL AS kept,
+              j.held_until IS NULL AND f.done
+                  AND j.next_slot <= clock_timestamp() + make_interval(secs => %(keep_ahead)s)
+                  AS let_go,
+              j.cron, j.every,
               j.timezone, j.ttl, j.misfire, j.misfire_grace, j.on_crash, j.revision,
               j.next_slot, j.done_slot, j.trigger_at, j.crash_streak, j.quarantine_after,
               j.task, j.args, j.run_at, j.starts_at, j.ends_at, j.jitter, j.max_runs,
@@ -544,7 +551,8 @@ WITH f AS MATERIALIZED (
     SELECT f.*, f.matched OR f.outcome NOT IN ('succeeded', 'failed')
                 OR NOT EXISTS (SELECT 1 FROM {schema}.scheduled_jobs AS s
                                WHERE s.job_key = f.job_key) AS own
-    FROM (SELECT f.*, (f.job_key, f.token) IN (SELECT job_key, token FROM job)
+    FROM (SELECT f.*, f.job_key IN (SELECT job_key FROM job WHERE let_go) AS let_go,
+                 (f.job_key, f.token) IN (SELECT job_key, token FROM job)
                       OR (%(retry)s::boolean AND EXISTS (
                           SELECT 1 FROM {schema}.scheduled_jobs AS s
                           WHERE s.job_key = f.job_key AND s.claim_token = f.token
@@ -583,7 +591,12 @@ SELECT m.job_key, m.token, m.matched,
        CASE WHEN NOT m.matched
             THEN (SELECT s.claim_token FROM {schema}.scheduled_jobs AS s
                   WHERE s.job_key = m.job_key) END AS current,
-       CASE WHEN NOT m.done THEN pg_notify(%(channel)s, m.job_key)::text END AS notified,
+       -- A slot handed over, or a job that could have been kept let go (one in RELEASE_ODDS,
+       -- or its worker had no room): every worker's claim loop looks again, so that the
+       -- one whose claim comes first at the slot takes it (one notification per statement:
+       -- PostgreSQL folds identical ones).
+       CASE WHEN NOT m.done THEN pg_notify(%(channel)s, m.job_key)::text
+            WHEN m.let_go THEN pg_notify(%(channel)s, 'let go')::text END AS notified,
        NULL::uuid AS lease_owner, NULL::bigint AS fencing_token, NULL::timestamptz AS lease_until,
        NULL::text AS cron, NULL::interval AS every, NULL::text AS timezone,
        NULL::interval AS ttl, NULL::text AS misfire, NULL::interval AS misfire_grace,
