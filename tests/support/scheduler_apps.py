@@ -447,8 +447,9 @@ async def blocks_loop(ctx: tenure.JobContext) -> None:
 
 
 # -- crowded: slow bodies beside a quick one, at the default concurrency (issue 28) ----------
-# Eight jobs whose sync bodies sleep SCHED_SLOW seconds (as many as the default 8 body
-# slots) and one quick ``probe`` that records when its body began.
+# SCHED_SLEEPERS (8: as many as the default 8 body slots) jobs whose sync bodies sleep
+# SCHED_SLOW seconds, one quick ``probe`` that records when its body began, and two slow
+# ``newcomer`` jobs that run only when triggered.
 
 crowded = tenure.Scheduler(name="crowded")
 
@@ -457,13 +458,24 @@ def _sleeper(ctx: tenure.JobContext) -> None:
     time.sleep(float(os.environ.get("SCHED_SLOW", "4")))
 
 
-for _i in range(8):
+for _i in range(int(os.environ.get("SCHED_SLEEPERS", "8"))):
     crowded.add_job(f"sleeper-{_i}", _sleeper, every="1s", ttl="10s")
 
 
 @crowded.job("probe", every="1s", ttl="5s")
 def probe(ctx: tenure.JobContext) -> None:
     record(ctx)
+
+
+# Two slow jobs the worker has not run yet when a test triggers them: they sleep
+# SCHED_NEW_SLOW seconds and record when their bodies began.
+def _newcomer(ctx: tenure.JobContext) -> None:
+    record(ctx, "started")
+    time.sleep(float(os.environ.get("SCHED_NEW_SLOW", "6")))
+
+
+for _i in range(2):
+    crowded.add_job(f"newcomer-{_i}", _newcomer, cron=NEVER, ttl="10s")
 
 
 # -- cancellable: a run that works until told to stop (the dashboard's Cancel, issue 29) -------

@@ -9,16 +9,20 @@ every body slot was busy waits, in order, with its lease renewed; a stop or a lo
 ends the wait and the body never runs.
 
 **Slow bodies do not hold every slot.** A job whose last body on this worker ran
-:data:`LONG_BODY` or more, or used :data:`LONG_BODY_CPU` of CPU, is *long*; while the worker
-also runs quick bodies (one ended in the last :data:`QUICK_RECENT` seconds), long bodies
-hold at most :attr:`BodyLimit.long_cap` slots (three quarters, rounded up: 6 of the default
-8), so the others stay free for the quick ones. Without that, slow jobs whose demand exceeds
-the slots (ten jobs sleeping 2 s every second need 20) fill every slot and every other job
-on the worker waits behind them; with it, slow jobs delay the quick ones by no more than
-their share of the slots. A worker that runs only long bodies keeps no slot back. The worker
-learns a job's length from its own runs, so a slow job's first run here may still take a
-reserved slot. A long run over its share waits in a line of its own, behind which quick runs
-pass.
+:data:`LONG_BODY` or more, or used :data:`LONG_BODY_CPU` of CPU, is *long*; one whose last body
+here was shorter is *quick*; one this worker has not run yet is *new*. While the worker also
+runs quick bodies (one ended in the last :data:`QUICK_RECENT` seconds), long bodies hold at
+most :attr:`BodyLimit.long_cap` slots (three quarters, rounded up: 6 of the default 8), and
+long and new bodies together at most :attr:`BodyLimit.new_cap` (half of the other slots
+more, rounded down: 7 of 8), so the rest stay free for the quick ones. Without that, slow jobs
+whose demand exceeds the slots (ten jobs sleeping 2 s every second need 20) fill every slot
+and every other job on the worker waits behind them; with it, slow jobs delay the quick ones
+by no more than their share of the slots. New jobs have a share of their own because the
+worker learns a job's length from its own runs only: on several workers each slow job is new
+to each worker for a while, and two new jobs that turned out slow took both slots kept for
+quick ones (bench/README.md, "Eleventh pass"). A worker that runs no quick bodies keeps no
+slot back. A long or new run over its share waits in a line of its own, behind which quick
+runs pass; new runs go before long ones.
 """
 
 from __future__ import annotations
@@ -40,13 +44,15 @@ QUICK_RECENT = 10.0
 
 
 class Slot:
-    """A body slot taken for one run: returned to :meth:`BodyLimit.release`."""
+    """A body slot taken for one run: returned to :meth:`BodyLimit.release`. ``long``: its job
+    is long here; ``new``: its job has not run here yet."""
 
-    __slots__ = ("began", "job_key", "long")
+    __slots__ = ("began", "job_key", "long", "new")
 
-    def __init__(self, job_key: str, long: bool) -> None:
+    def __init__(self, job_key: str, long: bool, new: bool = False) -> None:
         self.job_key = job_key
         self.long = long
+        self.new = new
         self.began = time.monotonic()
 
 
@@ -55,22 +61,27 @@ Line = collections.deque[tuple[asyncio.Future[Slot], Slot]]
 
 
 class BodyLimit:
-    """At most ``limit`` bodies at once, of which at most ``long_cap`` of long jobs.
-    ``wake`` (the claim loop's) is set when a slot frees after the claim loop found none
-    (:meth:`room`)."""
+    """At most ``limit`` bodies at once, of which at most ``long_cap`` of long jobs and
+    ``new_cap`` of long and new ones together. ``wake`` (the claim loop's) is set when a slot
+    frees after the claim loop found none (:meth:`room`)."""
 
     def __init__(self, limit: int, wake: asyncio.Event) -> None:
         self.limit = limit
         # One slot in four kept for quick bodies (none with a single slot: a long job must
-        # still be able to run).
-        self.long_cap = limit - (max(1, limit // 4) if limit >= 2 else 0)
+        # still be able to run), of which new jobs may take half, rounded down.
+        kept = max(1, limit // 4) if limit >= 2 else 0
+        self.long_cap = limit - kept
+        self.new_cap = self.long_cap + kept // 2
         self._wake = wake
         self._lock = threading.Lock()  # bodies end in their own threads
         self._busy = 0
         self._long = 0  # slots held by long bodies
+        self._new = 0  # slots held by bodies of new jobs
         self._long_jobs: set[str] = set()  # jobs whose last body here was long
+        self._quick_jobs: set[str] = set()  # jobs whose last body here was quick
         self._quick_at = -QUICK_RECENT  # when a quick body last ended (monotonic)
         self._waiters: Line = collections.deque()
+        self._new_waiters: Line = collections.deque()
         self._long_waiters: Line = collections.deque()
         self._wanted = False
         self.closed = False
@@ -82,32 +93,42 @@ class BodyLimit:
     @property
     def waiting(self) -> int:
         """Runs waiting for a slot."""
-        return len(self._waiters) + len(self._long_waiters)
+        return len(self._waiters) + len(self._new_waiters) + len(self._long_waiters)
 
     def is_long(self, job_key: str) -> bool:
         return job_key in self._long_jobs
 
+    def is_new(self, job_key: str) -> bool:
+        return job_key not in self._long_jobs and job_key not in self._quick_jobs
+
     def room(self) -> bool:
         """Whether a claimed quick run could begin its body now: a slot free and no quick run
-        waiting (long runs waiting for their share do not stop the claims: they wait behind
-        the long bodies, not behind the slots). If not, the claim loop is woken when there
-        is."""
+        waiting (long or new runs waiting for their share do not stop the claims: they wait
+        behind the long and new bodies, not behind the slots). If not, the claim loop is
+        woken when there is."""
         if self._waiters or self._busy >= self.limit:
             self._wanted = True
             return False
         return True
 
+    def _slot(self, job_key: str) -> tuple[Slot, Line]:
+        """An untaken slot for ``job_key``'s body, and the line its kind waits in."""
+        if job_key in self._long_jobs:
+            return Slot(job_key, True), self._long_waiters
+        if job_key in self._quick_jobs:
+            return Slot(job_key, False), self._waiters
+        return Slot(job_key, False, True), self._new_waiters
+
     def take(self, job_key: str) -> Slot | None:
         """A slot for ``job_key``'s body if one is free and no run of its kind waits for one
         (event loop only)."""
-        long = job_key in self._long_jobs
-        if self.closed or (self._long_waiters if long else self._waiters):
+        slot, line = self._slot(job_key)
+        if self.closed or line:
             return None
         with self._lock:
-            if self._busy < self.limit and (not long or self._long < self._cap()):
-                self._busy += 1
-                self._long += long
-                return Slot(job_key, long)
+            if self._fits(slot):
+                self._count(slot)
+                return slot
         return None
 
     def wait(self, job_key: str) -> asyncio.Future[Slot]:
@@ -116,14 +137,14 @@ class BodyLimit:
         if self.closed:
             future.cancel()
             return future
-        long = job_key in self._long_jobs
-        (self._long_waiters if long else self._waiters).append((future, Slot(job_key, long)))
+        slot, line = self._slot(job_key)
+        line.append((future, slot))
         return future
 
     def forget(self, future: asyncio.Future[Slot]) -> None:
         """A waiter that stopped waiting (its lease was lost, the worker stops, its task was
         cancelled): out of the line, and the slot given on if one was taken for it."""
-        for line in (self._waiters, self._long_waiters):
+        for line in (self._waiters, self._new_waiters, self._long_waiters):
             for entry in line:
                 if entry[0] is future:
                     line.remove(entry)
@@ -133,49 +154,60 @@ class BodyLimit:
         self.grant()  # and the claim loop may have room again
 
     def release(self, slot: Slot, cpu: float | None = None, *, learn: bool = True) -> None:
-        """A body returned (from any thread): its job is long or not by how long it ran and,
+        """A body returned (from any thread): its job is long or quick by how long it ran and,
         for a sync body, the CPU its thread used (``cpu``). :meth:`grant` hands the slot on."""
         now = time.monotonic()
         took = now - slot.began
         with self._lock:
             self._busy -= 1
             self._long -= slot.long
+            self._new -= slot.new
             if not learn:
                 return
             if took >= LONG_BODY or (cpu is not None and cpu >= LONG_BODY_CPU):
                 self._long_jobs.add(slot.job_key)
+                self._quick_jobs.discard(slot.job_key)
             else:
                 self._quick_at = now
-                if slot.long:
-                    self._long_jobs.discard(slot.job_key)
+                self._quick_jobs.add(slot.job_key)
+                self._long_jobs.discard(slot.job_key)
 
-    def _cap(self) -> int:
-        """Slots long bodies may hold now: ``long_cap`` while quick bodies run here."""
-        if time.monotonic() - self._quick_at < QUICK_RECENT:
-            return self.long_cap
-        return self.limit
+    def _fits(self, slot: Slot) -> bool:
+        """Whether ``slot``'s body may begin now (under the lock): a slot free and, for a long
+        or new job, its share not full. The shares apply while quick bodies run here."""
+        if self._busy >= self.limit:
+            return False
+        if not (slot.long or slot.new) or time.monotonic() - self._quick_at >= QUICK_RECENT:
+            return True
+        return self._long + self._new < self.new_cap and (
+            not slot.long or self._long < self.long_cap
+        )
+
+    def _count(self, slot: Slot) -> None:
+        self._busy += 1
+        self._long += slot.long
+        self._new += slot.new
 
     def grant(self) -> None:
         """Hand free slots to waiting runs (event loop only): quick runs first, in order,
-        then long ones, in order, within the long bodies' share."""
-        self._grant(self._waiters, self.limit)
-        if self._long_waiters:
-            self._grant(self._long_waiters, self._cap())
+        then new ones, then long ones, each in order and within its share."""
+        for line in (self._waiters, self._new_waiters, self._long_waiters):
+            if line:
+                self._grant(line)
         if self._wanted and self._busy < self.limit and not self._waiters:
             self._wanted = False
             self._wake.set()
 
-    def _grant(self, waiters: Line, cap: int) -> None:
+    def _grant(self, waiters: Line) -> None:
         while waiters:
             future, slot = waiters[0]
             if future.done():  # cancelled while waiting
                 waiters.popleft()
                 continue
             with self._lock:
-                if self._busy >= self.limit or (slot.long and self._long >= cap):
+                if not self._fits(slot):
                     return
-                self._busy += 1
-                self._long += slot.long
+                self._count(slot)
             waiters.popleft()
             slot.began = time.monotonic()
             future.set_result(slot)
@@ -183,8 +215,10 @@ class BodyLimit:
     def close(self) -> None:
         """The worker stops: every wait ends (those runs are handed over, bodies not run)."""
         self.closed = True
-        lines = (self._waiters, self._long_waiters)
-        self._waiters, self._long_waiters = collections.deque(), collections.deque()
+        lines = (self._waiters, self._new_waiters, self._long_waiters)
+        self._waiters = collections.deque()
+        self._new_waiters = collections.deque()
+        self._long_waiters = collections.deque()
         for line in lines:
             for future, _slot in line:
                 future.cancel()
