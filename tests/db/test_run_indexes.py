@@ -193,3 +193,51 @@ def _slot(dsn: str, schema: str, run_id: int) -> dt.datetime:
         dsn, schema, "SELECT slot FROM {schema}.job_runs WHERE run_id = %s", (run_id,)
     )
     return slot
+
+
+def test_time_without_success_counts_from_the_newest_success_else_the_oldest_row(
+    dsn: str, schema: str
+) -> None:
+    """The metrics' per-job query (observe_jobs): the newest success by token; for a job
+    without one, the oldest history row (a skipped slot's too), else the registration."""
+    prepare(dsn, schema)
+    query(
+        dsn,
+        schema,
+        "INSERT INTO {schema}.scheduled_jobs (job_key, every, timezone, ttl, misfire, on_crash, "
+        "defined_at, defined_by, next_slot) SELECT k, interval '1 minute', 'UTC', "
+        "interval '30 s', 'latest', 'retry', now() - interval '1 day', 't', now() "
+        "FROM unnest(ARRAY['ok', 'failing', 'new']) AS k",
+    )
+    query(
+        dsn,
+        schema,
+        "INSERT INTO {schema}.job_runs (job_key, slot, kind, token, worker_id, host, pid, "
+        "started_at, finished_at, outcome, recorded_at) VALUES "
+        "('ok', now(), 'scheduled', 1, 'w', 'h', 1, now() - interval '300 s', "
+        " now() - interval '299 s', 'succeeded', now() - interval '300 s'), "
+        "('ok', now(), 'scheduled', 2, 'w', 'h', 1, now() - interval '100 s', "
+        " now() - interval '99 s', 'failed', now() - interval '100 s'), "
+        "('failing', now(), 'scheduled', 1, 'w', 'h', 1, NULL, now() - interval '600 s', "
+        " 'misfire_skipped', now() - interval '600 s'), "
+        "('failing', now(), 'scheduled', 2, 'w', 'h', 1, now() - interval '500 s', "
+        " now() - interval '499 s', 'failed', now() - interval '500 s')",
+    )
+    with psycopg.connect(dsn) as conn:
+        [(now,)] = conn.execute("SELECT extract(epoch FROM clock_timestamp())").fetchall()
+        rows = conn.execute(named_query(schema, "observe_jobs"), {}).fetchall()
+    since = {r[0]: float(now) - float(r[7]) for r in rows}  # the instant each age counts from
+    [(success, oldest, defined)] = query(
+        dsn,
+        schema,
+        "SELECT extract(epoch FROM (SELECT finished_at FROM {schema}.job_runs "
+        "WHERE job_key = 'ok' AND outcome = 'succeeded')), "
+        "extract(epoch FROM (SELECT min(recorded_at) FROM {schema}.job_runs "
+        "WHERE job_key = 'failing')), "
+        "extract(epoch FROM (SELECT defined_at FROM {schema}.scheduled_jobs "
+        "WHERE job_key = 'new'))",
+    )
+    # The ages were read a moment after `now`: each instant is at most that moment off.
+    assert abs(since["ok"] - float(success)) < 5
+    assert abs(since["failing"] - float(oldest)) < 5
+    assert abs(since["new"] - float(defined)) < 5
