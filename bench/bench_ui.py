@@ -10,12 +10,20 @@ and, side by side, runs the page's main named query alone through plain psycopg.
     python bench/bench_ui.py                    # 10,000 jobs, 1,000,000 runs (~2-3 min)
     python bench/bench_ui.py --quick            # 1,000 jobs, 100,000 runs (~20 s)
     python bench/bench_ui.py --requests 100 --dsn postgresql://user@host/db
+    python bench/bench_ui.py --no-write-cost    # the readers only
+    python bench/bench_ui.py --no-write-cost --compare 1d97c61   # readers, old and new text
 
-Prints p50 / p95 / max in milliseconds per page. Then the write-side cost of the dashboard's
-live updates: migration 6's statement triggers on job_runs (one NOTIFY per statement),
-measured as a run's start and finish statements (INSERT + UPDATE, autocommit) with the
-triggers enabled and disabled, in alternating rounds; and the same with migration 9's
-timeline indexes and with migration 6's, alternating. Times are what the server spends; a
+Prints p50 / p95 / max in milliseconds per page, then the readers of the same history
+outside the dashboard (`tenure jobs list` and `history`, the metrics' per-job query, `tenure
+status`: their named query alone, p50 / p95), with a fixed Python loop (``sum(i*i for i in
+range(10**7))``) timed before and after those rows. ``--compare REF``: the same readers' named
+statements as git REF has them and as this tree has them, alternating on the same history
+(REF's side with ``job_runs_history``, created for it if this tree's schema dropped it, and
+then also without it: REF's processes on this schema; issue 28). Then the write-side cost of
+the dashboard's live updates: migration 6's statement triggers on job_runs (one NOTIFY per
+statement), measured as a run's start and finish statements (INSERT + UPDATE, autocommit)
+with the triggers enabled and disabled, in alternating rounds; and the same with migration
+9's timeline indexes and with migration 6's, alternating. Times are what the server spends; a
 browser adds the network and its own rendering. Exits non-zero only when a page does not
 answer 200. Works in its own schema (bench_ui_<random>), dropped at the end (--keep keeps it).
 """
@@ -26,16 +34,20 @@ import argparse
 import asyncio
 import datetime as dt
 import os
+import re
 import secrets
 import statistics
+import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
 import tenure
+from tenure.db.queries import compose, named, queries
 from tenure.ui import Dashboard
 from tenure.ui.queries import ui_queries
 
@@ -136,9 +148,156 @@ async def asgi_get(app: Any, path: str, query: str) -> tuple[int, int]:
     return status, size
 
 
+def reference_loop() -> float:
+    """Seconds a fixed Python loop takes now (the machine's speed beside timed rows)."""
+    began = time.perf_counter()
+    sum(i * i for i in range(10**7))
+    return round(time.perf_counter() - began, 2)
+
+
+def other_readers(dsn: str, schema: str, requests: int) -> None:
+    """The history's readers outside the dashboard, their named query alone."""
+    q = queries(schema)
+    cases: list[tuple[str, str, dict[str, Any]]] = [
+        ("tenure jobs list", "sched_list", {}),
+        ("tenure jobs history, typical job", "sched_history", {"job_key": "job-00042"}),
+        ("tenure jobs history, busy job", "sched_history", {"job_key": "job-00000"}),
+        ("metrics: every job's last success", "observe_jobs", {}),
+        ("tenure status (1 h)", "status_jobs", {"window": dt.timedelta(hours=1)}),
+    ]
+    print(f"{'reader':<34} {'sql p50':>8} {'sql p95':>8}")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for label, name, params in cases:
+            params = {"limit": 20, **params}
+            conn.execute(q[name], params).fetchall()  # warm-up
+            ms: list[float] = []
+            for _ in range(requests):
+                t0 = time.perf_counter()
+                conn.execute(q[name], params).fetchall()
+                ms.append((time.perf_counter() - t0) * 1000)
+            print(f"{label:<34} {statistics.median(ms):>8.1f} {pct(ms, 0.95):>8.1f}", flush=True)
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+#: The history's readers, as (label, statement, parameters), for --compare.
+READERS: list[tuple[str, str, dict[str, Any]]] = [
+    ("overview (job counts)", "ui_overview_jobs", {}),
+    (
+        "jobs: page 1, by key",
+        "ui_jobs_page",
+        {"state": "all", "sort": "key", "desc": False, "search": None, "offset": 0},
+    ),
+    (
+        "jobs: by last run",
+        "ui_jobs_by_last",
+        {"state": "all", "sort": "last", "desc": True, "search": None, "offset": 0},
+    ),
+    (
+        "jobs: failing only",
+        "ui_jobs_by_last",
+        {"state": "failing", "sort": "key", "desc": False, "search": None, "offset": 0},
+    ),
+    ("job page history, typical job", "ui_history", {"job_key": "job-00042"}),
+    ("job page history, busy job", "ui_history", {"job_key": "job-00000"}),
+    ("tenure jobs list", "sched_list", {}),
+    ("tenure jobs history, typical job", "sched_history", {"job_key": "job-00042", "limit": 20}),
+    ("tenure jobs history, busy job", "sched_history", {"job_key": "job-00000", "limit": 20}),
+    ("metrics: every job's last success", "observe_jobs", {}),
+]
+_BLOCK = re.compile(r"^-- (name|fragment): (\w+)\s*$", re.MULTILINE)
+
+
+def statements_at(ref: str) -> dict[str, str]:
+    """git REF's named statements of tenure.db and tenure.ui, fragments filled in, as
+    tenure.db.queries.named reads them from the installed package."""
+    repo = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=repo, capture_output=True, text=True, check=True
+        ).stdout
+
+    found: dict[str, str] = {}
+    for package in ("db", "ui"):
+        own: dict[str, str] = {}
+        fragments: dict[str, str] = {}
+        for path in sorted(
+            git("ls-tree", "--name-only", ref, f"src/tenure/{package}/sql/").split()
+        ):
+            if not path.endswith(".sql"):
+                continue
+            parts = _BLOCK.split(git("show", f"{ref}:{path}"))
+            for kind, name, body in zip(parts[1::3], parts[2::3], parts[3::3], strict=True):
+                text = "\n".join(
+                    line for line in body.strip().splitlines() if not line.lstrip().startswith("--")
+                )
+                (own if kind == "name" else fragments)[name] = text
+        for name, body in own.items():
+            for fragment, text in fragments.items():
+                body = body.replace("{" + fragment + "}", text)
+            found[name] = body
+    return found
+
+
+def compare_readers(dsn: str, schema: str, ref: str, requests: int, rounds: int) -> None:
+    """Each reader's statement as git REF has it and as this tree has it, on the same history,
+    in alternating rounds; REF's side with job_runs_history (created for it when this tree's
+    migrations dropped it), this tree's side with the schema as migrated. Where the index was
+    created, REF's statements are also timed without it (a process of REF's version on this
+    tree's schema), three times a round."""
+    old = statements_at(ref)
+    new = {**named("tenure.db"), **named("tenure.ui")}
+    index = sql.Identifier(schema, "job_runs_history")
+    per: dict[tuple[str, str], list[float]] = {}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        has_index = bool(
+            conn.execute(
+                "SELECT FROM pg_indexes WHERE schemaname = %s AND indexname = 'job_runs_history'",
+                (schema,),
+            ).fetchall()
+        )
+        sides = [("before", old), ("after", new)] + ([] if has_index else [("old code", old)])
+        for _ in range(rounds):
+            for side, texts in sides:
+                if not has_index:
+                    if side == "before":
+                        conn.execute(
+                            sql.SQL("CREATE INDEX {} ON {} (job_key, run_id)").format(
+                                sql.Identifier("job_runs_history"),
+                                sql.Identifier(schema, "job_runs"),
+                            )
+                        )
+                    else:
+                        conn.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(index))
+                for label, name, params in READERS:
+                    statement = compose(texts[name], schema)
+                    params = {"limit": 50, **params}
+                    conn.execute(statement, params).fetchall()  # warm-up
+                    for _ in range(3 if side == "old code" else requests):
+                        t0 = time.perf_counter()
+                        conn.execute(statement, params).fetchall()
+                        per.setdefault((label, side), []).append((time.perf_counter() - t0) * 1000)
+        if not has_index:
+            conn.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(index))
+    late = "" if has_index else f" {ref + ' p50 here':>18}"
+    print(
+        f"{'reader (sql alone, ms)':<34} {ref + ' p50':>14} {'p95':>7} {'this p50':>9} "
+        f"{'p95':>7} {'p50 ratio':>9}{late}"
+    )
+    for label, _name, _params in READERS:
+        a, b = per[(label, "before")], per[(label, "after")]
+        here = per.get((label, "old code"))
+        print(
+            f"{label:<34} {statistics.median(a):>14.1f} {pct(a, 0.95):>7.1f} "
+            f"{statistics.median(b):>9.1f} {pct(b, 0.95):>7.1f} "
+            f"{statistics.median(b) / statistics.median(a):>9.2f}"
+            + (f" {statistics.median(here):>18.1f}" if here else ""),
+            flush=True,
+        )
 
 
 async def measure(dsn: str, schema: str, requests: int) -> int:
@@ -361,6 +520,17 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="1,000 jobs, 100,000 runs")
     parser.add_argument("--keep", action="store_true", help="keep the schema afterwards")
     parser.add_argument(
+        "--compare",
+        metavar="REF",
+        help="also run the history's readers as git REF has them, side by side, alternating",
+    )
+    parser.add_argument("--compare-rounds", type=int, default=3, help="rounds of --compare")
+    parser.add_argument(
+        "--no-write-cost",
+        action="store_true",
+        help="leave out the triggers' and indexes' write-side cost (the readers only)",
+    )
+    parser.add_argument(
         "--no-vacuum",
         action="store_true",
         help="skip the VACUUM after the fill (history that autovacuum has not reached yet)",
@@ -395,9 +565,20 @@ def main() -> int:
             f"{time.monotonic() - t0:.0f}s; {args.requests} requests per page, in process",
             flush=True,
         )
+        before = reference_loop()
         failures = asyncio.run(measure(args.dsn, schema, args.requests))
-        trigger_cost(args.dsn, schema)
-        index_cost(args.dsn, schema)
+        other_readers(args.dsn, schema, args.requests)
+        if args.compare:
+            compare_readers(args.dsn, schema, args.compare, args.requests, args.compare_rounds)
+        after = reference_loop()
+        print(
+            f"reference: sum(i*i for i in range(10**7)) took {before:.2f} s before these rows "
+            f"and {after:.2f} s after them",
+            flush=True,
+        )
+        if not args.no_write_cost:
+            trigger_cost(args.dsn, schema)
+            index_cost(args.dsn, schema)
     finally:
         if not args.keep:
             with psycopg.connect(args.dsn, autocommit=True) as conn:

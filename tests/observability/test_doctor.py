@@ -166,14 +166,14 @@ def test_the_vacuum_check_skips_a_schema_without_scheduler_tables(dsn: str, sche
 def test_the_memory_check_warns_when_shared_buffers_cannot_hold_the_jobs_history_pages(
     dsn: str, migrated: str
 ) -> None:
-    """48 kB per unpaused job (three job_key-led history indexes, a leaf page each, twice
-    over): a fleet of frequent jobs on a server at a default shared_buffers slowed down the
-    longer it ran (bench/README.md, "Sixth pass")."""
+    """32 kB per unpaused job (two job_key-led history indexes since migration 19, a leaf
+    page each, twice over): a fleet of frequent jobs on a server at a default shared_buffers
+    slowed down the longer it ran (bench/README.md, "Sixth pass")."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         [(shared,)] = conn.execute(
             "SELECT setting::bigint * 8192 FROM pg_settings WHERE name = 'shared_buffers'"
         ).fetchall()
-        many = shared // (48 * 1024) + 1
+        many = shared // (32 * 1024) + 1
 
         def jobs(n: int) -> None:
             table = sql.Identifier(migrated, "scheduled_jobs")

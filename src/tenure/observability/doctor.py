@@ -51,12 +51,13 @@ from .status import answered_by
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 MIN_SERVER = 120000  # PostgreSQL 12: generated columns (scheduler tables)
 CLOCK_WARN = 1.0  # seconds of difference worth telling
-#: shared_buffers wanted per scheduled job: a run's history row goes into three job_runs
-#: indexes led by job_key, so each busy job keeps a leaf page of each hot (3 x 8 kB), twice
-#: over for the rest of the working set. Measured: 5,000 jobs every second thrashed 128 MB
-#: once history passed it (p99 lateness 31 ms rising to 155 ms within 300 s) and stayed flat
-#: with 512 MB (bench/README.md, "Sixth pass").
-BUFFERS_PER_JOB = 2 * 3 * 8192
+#: shared_buffers wanted per scheduled job: a run's history row goes into two job_runs
+#: indexes led by job_key (job_runs_run, job_runs_window; three before migration 19), so each
+#: busy job keeps a leaf page of each hot (2 x 8 kB), twice over for the rest of the working
+#: set. Measured with three: 5,000 jobs every second thrashed 128 MB once history passed it
+#: (p99 lateness 31 ms rising to 155 ms within 300 s) and stayed flat with 512 MB
+#: (bench/README.md, "Sixth pass").
+BUFFERS_PER_JOB = 2 * 2 * 8192
 PGBOUNCER_PORT = 6432
 #: The server settings that bound how long tenure's statements and transactions may wait.
 TIMEOUT_SETTINGS = ("statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout")

@@ -17,8 +17,11 @@ SELECT max(version) FROM {schema}.tenure_migrations;
 -- the scheduler quarantined it), when its
 -- newest successful run finished, and how long it has gone without one. With no success in
 -- the (pruned) history, the age counts from the oldest history row, else from the
--- registration: a lower bound, so an alert on it never fires early. Both lateral lookups
--- walk the (job_key, run_id) index from one end.
+-- registration: a lower bound, so an alert on it never fires early. The newest success is the
+-- one with the highest token (each run is one takeover and tokens only go up; a success has
+-- a start, so job_runs_run holds it); the oldest row, read only for a job without one
+-- (LIMIT 1 keeps it a subquery run only then), the first of job_runs_window (the earliest
+-- start, from the index alone).
 SELECT j.job_key,
        j.cron,
        j.every,
@@ -33,15 +36,15 @@ FROM {schema}.scheduled_jobs AS j
 LEFT JOIN LATERAL (
     SELECT r.finished_at
     FROM {schema}.job_runs AS r
-    WHERE r.job_key = j.job_key AND r.outcome = 'succeeded'
-    ORDER BY r.run_id DESC
+    WHERE r.job_key = j.job_key AND r.started_at IS NOT NULL AND r.outcome = 'succeeded'
+    ORDER BY r.token DESC
     LIMIT 1
 ) AS s ON true
 LEFT JOIN LATERAL (
     SELECT r.recorded_at
     FROM {schema}.job_runs AS r
-    WHERE r.job_key = j.job_key
-    ORDER BY r.run_id
+    WHERE s.finished_at IS NULL AND r.job_key = j.job_key
+    ORDER BY r.recorded_at
     LIMIT 1
 ) AS f ON true
 ORDER BY j.job_key;
@@ -86,8 +89,8 @@ WHERE NOT has_function_privilege(f.signature, 'EXECUTE');
 
 -- name: observe_history_memory
 -- tenure doctor's memory check: how many unpaused scheduled jobs there are (each run's history
--- row goes into three indexes led by job_key, job_runs_run, _history and _window: one leaf
--- page per job and index stays hot) against shared_buffers, in bytes. Only where
+-- row goes into two indexes led by job_key, job_runs_run and _window: one leaf page per job
+-- and index stays hot) against shared_buffers, in bytes. Only where
 -- observe_has_table says scheduled_jobs is there.
 SELECT (SELECT count(*) FROM {schema}.scheduled_jobs WHERE NOT paused) AS jobs,
        pg_size_bytes(current_setting('shared_buffers')) AS shared_buffers;

@@ -696,6 +696,13 @@ WITH gone AS (
 SELECT count(*) FROM gone;
 
 -- name: sched_list
+-- Each job's last row that is not a run still going, as it was by run_id (the order rows are
+-- written in; migration 19 dropped its index): the newest by recorded_at (a run's start,
+-- job_runs_window backwards), but where a start skipped slots. It records them microseconds
+-- after the run it starts, whose row is written when that run ends: that run is what the
+-- job did last, so a newest row that never started gives way to the ended run of its claim
+-- (the same token, job_runs_run). LIMIT 1 keeps that lookup a subquery, run only for such a
+-- row.
 SELECT j.job_key, j.cron, j.every, j.timezone, j.ttl, j.misfire, j.misfire_grace, j.on_crash,
        j.revision, j.defined_at, j.defined_by, j.paused, j.next_slot, j.running_slot,
        j.running_token, j.trigger_at, l.fencing_token, l.lease_until,
@@ -706,11 +713,23 @@ SELECT j.job_key, j.cron, j.every, j.timezone, j.ttl, j.misfire, j.misfire_grace
 FROM {schema}.scheduled_jobs AS j
 LEFT JOIN {schema}.job_leases AS l ON l.job_key = j.job_key
 LEFT JOIN LATERAL (
-    SELECT r.outcome, r.slot, r.finished_at
-    FROM {schema}.job_runs AS r
-    WHERE r.job_key = j.job_key AND r.outcome <> 'running'
-    ORDER BY r.run_id DESC
-    LIMIT 1
+    SELECT coalesce(own.outcome, top.outcome) AS outcome, coalesce(own.slot, top.slot) AS slot,
+           CASE WHEN own.outcome IS NULL THEN top.finished_at ELSE own.finished_at END
+               AS finished_at
+    FROM (
+        SELECT r.outcome, r.slot, r.finished_at, r.token, r.started_at
+        FROM {schema}.job_runs AS r
+        WHERE r.job_key = j.job_key AND r.outcome <> 'running'
+        ORDER BY r.recorded_at DESC
+        LIMIT 1
+    ) AS top
+    LEFT JOIN LATERAL (
+        SELECT o.outcome, o.slot, o.finished_at
+        FROM {schema}.job_runs AS o
+        WHERE top.started_at IS NULL AND o.job_key = j.job_key AND o.token = top.token
+          AND o.started_at IS NOT NULL AND o.outcome <> 'running'
+        LIMIT 1
+    ) AS own ON true
 ) AS last ON true
 ORDER BY j.job_key;
 
@@ -823,10 +842,21 @@ SELECT (SELECT count(*) FROM cleared) > 0 AS cancelled,
        EXISTS (SELECT 1 FROM {schema}.scheduled_jobs WHERE job_key = %(job_key)s) AS known;
 
 -- name: sched_history
+-- A job's newest rows, newest first in the order they were written (run_id), read as its
+-- newest by recorded_at (job_runs_window; migration 19 dropped the (job_key, run_id) index).
+-- tenure writes a job's rows in both orders alike but within one start statement: the slots
+-- it skips (at most four rows: an abandoned slot, two runs of missed slots, a max_runs
+-- refusal) are recorded microseconds after the run it starts, whose row is written when that
+-- run ends. So four rows more than asked hold the newest by run_id.
 SELECT run_id, job_key, slot, kind, attempt, token, owner, worker_id, host, pid, started_at,
        finished_at, outcome, error, slots, last_slot
-FROM {schema}.job_runs
-WHERE job_key = %(job_key)s
+FROM (
+    SELECT *
+    FROM {schema}.job_runs
+    WHERE job_key = %(job_key)s
+    ORDER BY recorded_at DESC
+    LIMIT %(limit)s + 4
+) AS newest
 ORDER BY run_id DESC
 LIMIT %(limit)s;
 

@@ -6,6 +6,25 @@
 -- name: ui_clock
 SELECT clock_timestamp();
 
+-- fragment: last_run
+-- A job's last run, for the overview and the jobs list (which must agree on which jobs are
+-- failing), of the job `j`: its newest run that started and has ended, as `tenure status`
+-- reads it (status.sql). Newest = highest token: each run is one takeover, and tokens only
+-- go up. One backward step per job on job_runs_run (job_key, token), which holds every
+-- started run and no skipped slot's row. Before migration 19 it was the newest row by run_id
+-- (skipped slots' aside), the same run but after a start that gave a crashed run's slot up
+-- without running it: that slot's 'abandoned' record (never started) was the last then; the
+-- crashed run is now (its row is written by the same statement). Walking job_runs_window by
+-- recorded_at instead cost a third more CPU per job for the same pages (bench/README.md,
+-- "Eleventh pass").
+LEFT JOIN LATERAL (
+    SELECT r.outcome, coalesce(r.finished_at, r.recorded_at) AS finished_at, r.token
+    FROM {schema}.job_runs AS r
+    WHERE r.job_key = j.job_key AND r.started_at IS NOT NULL AND r.outcome <> 'running'
+    ORDER BY r.token DESC
+    LIMIT 1
+) AS last ON true
+
 -- name: ui_overview_jobs
 -- Jobs by state, each in one state by the jobs list's precedence (quarantined, paused,
 -- running, failing, idle: scheduler.jobs.job_state), so the tiles add up to the total;
@@ -27,13 +46,7 @@ SELECT count(*) AS total,
        count(*) FILTER (WHERE j.quarantined_at IS NOT NULL) AS quarantined
 FROM {schema}.scheduled_jobs AS j
 CROSS JOIN clock AS c
-LEFT JOIN LATERAL (
-    SELECT r.outcome
-    FROM {schema}.job_runs AS r
-    WHERE r.job_key = j.job_key AND r.outcome NOT IN ('running', 'misfire_skipped')
-    ORDER BY r.run_id DESC
-    LIMIT 1
-) AS last ON true;
+{last_run};
 
 -- name: ui_overview_leases
 SELECT count(*) AS total,
@@ -124,29 +137,23 @@ WITH clock AS MATERIALIZED (
         j.job_key
     LIMIT %(limit)s OFFSET %(offset)s
 )
-SELECT p.job_key, p.cron, p.every, p.timezone, p.paused, p.next_slot, p.running_slot,
-       p.trigger_at IS NOT NULL AS triggered, l.fencing_token, l.lease_until,
+SELECT j.job_key, j.cron, j.every, j.timezone, j.paused, j.next_slot, j.running_slot,
+       j.trigger_at IS NOT NULL AS triggered, l.fencing_token, l.lease_until,
        coalesce(l.lease_until >= c.now, false) AS held,
-       last.outcome, last.finished_at, last.token, p.total, c.now, p.quarantined_at
-FROM page AS p
+       last.outcome, last.finished_at, last.token, j.total, c.now, j.quarantined_at
+FROM page AS j
 CROSS JOIN clock AS c
-LEFT JOIN {schema}.job_leases AS l ON l.job_key = p.job_key
-LEFT JOIN LATERAL (
-    SELECT r.outcome, coalesce(r.finished_at, r.recorded_at) AS finished_at, r.token
-    FROM {schema}.job_runs AS r
-    WHERE r.job_key = p.job_key AND r.outcome NOT IN ('running', 'misfire_skipped')
-    ORDER BY r.run_id DESC
-    LIMIT 1
-) AS last ON true
+LEFT JOIN {schema}.job_leases AS l ON l.job_key = j.job_key
+{last_run}
 ORDER BY
-    CASE WHEN %(sort)s::text = 'next' AND %(desc)s::boolean THEN p.next_slot END DESC,
-    CASE WHEN %(sort)s::text = 'next' AND NOT %(desc)s::boolean THEN p.next_slot END,
-    CASE WHEN %(desc)s::boolean THEN p.job_key END DESC,
-    p.job_key;
+    CASE WHEN %(sort)s::text = 'next' AND %(desc)s::boolean THEN j.next_slot END DESC,
+    CASE WHEN %(sort)s::text = 'next' AND NOT %(desc)s::boolean THEN j.next_slot END,
+    CASE WHEN %(desc)s::boolean THEN j.job_key END DESC,
+    j.job_key;
 
 -- name: ui_jobs_by_last
 -- One page of jobs when the filter or the sort needs every job's last run (state 'failing'
--- or 'idle', sort 'last'): one backward index step per job on job_runs_history.
+-- or 'idle', sort 'last'): one backward index step per job on job_runs_run (last_run).
 WITH clock AS MATERIALIZED (
     SELECT clock_timestamp() AS now
 ), base AS (
@@ -154,13 +161,7 @@ WITH clock AS MATERIALIZED (
            j.trigger_at IS NOT NULL AS triggered, last.outcome, last.finished_at, last.token,
            j.quarantined_at
     FROM {schema}.scheduled_jobs AS j
-    LEFT JOIN LATERAL (
-        SELECT r.outcome, coalesce(r.finished_at, r.recorded_at) AS finished_at, r.token
-        FROM {schema}.job_runs AS r
-        WHERE r.job_key = j.job_key AND r.outcome NOT IN ('running', 'misfire_skipped')
-        ORDER BY r.run_id DESC
-        LIMIT 1
-    ) AS last ON true
+    {last_run}
     WHERE (%(search)s::text IS NULL OR strpos(lower(j.job_key), lower(%(search)s::text)) > 0)
 ), page AS (
     SELECT b.*, count(*) OVER () AS total
@@ -296,11 +297,12 @@ UNION ALL
 -- name: ui_history
 -- The newest runs of one key: the scheduler's (job_runs) and `tenure exec`'s (exec_runs, as
 -- runs of kind 'exec' whose slot is their start; their run_id negated, a sequence of its own).
+-- Newest by recorded_at, the order the list is shown in (job_runs_window, newest first).
 (SELECT run_id, slot, kind, attempt, token, worker_id AS worker, host, pid, started_at,
         finished_at, outcome, error, recorded_at
  FROM {schema}.job_runs
  WHERE job_key = %(job_key)s
- ORDER BY run_id DESC
+ ORDER BY recorded_at DESC
  LIMIT %(limit)s)
 UNION ALL
 (SELECT -run_id, started_at, 'exec', 1, token, 'tenure exec', host, pid, started_at,

@@ -1,0 +1,23 @@
+-- tenure schema, version 19 (issue 28): one index fewer for every run's history row.
+-- {schema} is substituted as an identifier.
+--
+-- Every run inserts a row into job_runs, and each index it goes into is an entry to write
+-- (WAL, CPU) and, for an index led by job_key, a leaf page per busy job to keep in
+-- shared_buffers (docs/retention.md, "Memory"). Three indexes led by job_key took every
+-- run: job_runs_run (job_key, token), which the finish's ON CONFLICT needs;
+-- job_runs_window (job_key, recorded_at) INCLUDE (outcome, kind, slot), the timeline's; and
+-- job_runs_history (job_key, run_id), whose only use was to find a job's newest rows. Those
+-- readers (the dashboard's jobs list and overview, `tenure jobs list` and `history`, the
+-- metrics' last success, the job page's history) read job_runs_window newest first now, or
+-- job_runs_run by token (their comments say which order each keeps, and why), so a run's
+-- row goes into four indexes instead of five (a notable one into job_runs_notable too), two
+-- of them led by job_key.
+--
+-- No statement of tenure needs the index to be correct, so workers of earlier versions run on
+-- this schema as they did (the worker's required version is unchanged). Their dashboards,
+-- `tenure jobs list` and metrics find each job's newest run by run_id, which without this
+-- index reads far more of job_runs: upgrade those processes along with the migration.
+-- DROP INDEX waits for the statements using job_runs at that moment, and holds the ones that
+-- come after it for that long: on a busy table, drop it first by hand with DROP INDEX
+-- CONCURRENTLY (IF EXISTS below leaves nothing to do then), or migrate in a quiet moment.
+DROP INDEX IF EXISTS {schema}.job_runs_history;
