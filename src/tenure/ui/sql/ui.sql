@@ -16,7 +16,7 @@ SELECT clock_timestamp();
 -- without running it: that slot's 'abandoned' record (never started) was the last then; the
 -- crashed run is now (its row is written by the same statement). Walking job_runs_window by
 -- recorded_at instead cost a third more CPU per job for the same pages (bench/README.md,
--- "Eleventh pass").
+-- "Twelfth pass").
 LEFT JOIN LATERAL (
     SELECT r.outcome, coalesce(r.finished_at, r.recorded_at) AS finished_at, r.token
     FROM {schema}.job_runs AS r
