@@ -11,18 +11,19 @@ any run and leaves the job to this worker (not due for others until
 :data:`~.claim.RESERVE` after that slot), and the job's row goes to the keeper as a claim
 whose start takes the lease over (``sched_start``'s ``take``). A run costs two statements
 per batch instead of three (no claim), and no claim race for a job this worker runs anyway.
-One run in :data:`RELEASE_ODDS`, at random, lets its job go all the same, so that jobs keep
-moving between workers: a worker that joins the fleet gets its share within a few of their
-periods."""
+A worker keeps at most its share of the app's keepable jobs (:meth:`Finisher.fleet`, from
+each presence beat: their count over the live workers, plus :data:`SHARE_SLACK`): over it,
+a run lets its job go, and the first worker's claim at its slot takes it. So a worker that
+joins gets its share once the others' next beat has counted it, and a fleet in balance
+sends no claim for these jobs at all."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import datetime as dt
 import logging
-import random
+import math
 from typing import Protocol
 
 from .. import metrics
@@ -44,9 +45,12 @@ FINISH_EVERY = 0.05
 #: 'running', completed by its finish), so that history and the dashboard show it; a shorter
 #: run's row is written once, at its end (migration 12).
 RUNNING_ROW_AFTER = 1.0
-#: A job that could be kept for its next run is let go instead once in this many runs, at
-#: random (see the module's doc).
-RELEASE_ODDS = 8
+#: A worker keeps up to this much more than an even share of the app's keepable jobs (and
+#: one more), so that small differences in the count do not make jobs go back and forth.
+SHARE_SLACK = 0.1
+#: Seconds after its last kept run that a job stops counting toward the worker's share (a
+#: kept job's next start refused, or given back): kept jobs run at least every KEEP_AHEAD.
+KEPT_FOR = 2 * KEEP_AHEAD + 1
 
 
 class Keeper(Protocol):
@@ -94,6 +98,10 @@ class Finisher(OnClient):
         self.kept = 0
         #: Set by the claim loop when the finish backlog left it no room: the next end wakes it.
         self.wake_claims = False
+        #: Most jobs this worker keeps (None: as many as it has room for, a worker alone).
+        self.share: int | None = None
+        #: The jobs it keeps, and when each was last kept (monotonic).
+        self.keeping: dict[str, float] = {}
         #: Per job, the token and slot of this worker's last run whose body ended
         #: (succeeded or failed), from the moment it ended: that slot ran, whatever the
         #: database says of it later. Its end may be on its way, given up on, or recorded
@@ -109,6 +117,14 @@ class Finisher(OnClient):
         worker ran to its end, or is a later attempt at the slot such a run ran."""
         done = self.last_done.get(job_key)
         return done is not None and (done[0] == token or done[1] == slot)
+
+    def fleet(self, workers: int, keepable: int) -> None:
+        """The app's live workers and keepable jobs now (each presence beat): this worker's
+        share of those jobs."""
+        if workers <= 1:
+            self.share = None
+        else:
+            self.share = math.ceil(keepable / workers * (1 + SHARE_SLACK)) + 1
 
     def stop(self) -> None:
         """The worker is stopping: send what is queued without pausing."""
@@ -155,6 +171,7 @@ class Finisher(OnClient):
                     if reserved:
                         assert self.keeper is not None
                         self.kept += len(claims)
+                        self._not_kept(items, claims)
                         self.keeper.kept(claims, reserved, monotonic())
                 ended, batch = batch, []
                 for item, run, duration in ended:
@@ -180,28 +197,49 @@ class Finisher(OnClient):
 
     def _keep(self, items: list[Finished], runs: list[Run]) -> tuple[list[Finished], int]:
         """The batch with ``keep`` on the runs whose jobs may be kept (done, next slot within
-        :data:`~.claim.KEEP_AHEAD` by the run's own estimate of the database's clock, not the
-        one in :data:`RELEASE_ODDS`), as many as the keeper has room for; and that room,
-        reserved."""
-        keeper = self.keeper
+        :data:`~.claim.KEEP_AHEAD` by the run's own estimate of the database's clock), within
+        this worker's share and as many as the keeper has room for; and that room, reserved.
+        A job beyond the share is let go, one the worker kept before first."""
+        keeper, keeping = self.keeper, self.keeping
+        now = monotonic()
+        for key in [k for k, at in keeping.items() if now - at > KEPT_FOR]:
+            del keeping[key]
         if keeper is None or self._stopping:
             return items, 0
-        now = monotonic()
-        wanted = [
-            i
-            for i, (item, run) in enumerate(zip(items, runs, strict=True))
-            if item.done
-            and run.next_slot is not None
-            and (run.next_slot - item.ident.started_at).total_seconds() - (now - run.launched)
-            <= KEEP_AHEAD
-            and random.randrange(RELEASE_ODDS) != 0
-        ]
+        share = self.share
+        wanted = []
+        for i, (item, run) in enumerate(zip(items, runs, strict=True)):
+            key = item.ident.job_key
+            keepable = (
+                item.done
+                and run.next_slot is not None
+                and (run.next_slot - item.ident.started_at).total_seconds() - (now - run.launched)
+                <= KEEP_AHEAD
+            )
+            if keepable and (
+                share is None or len(keeping) < share or (key in keeping and len(keeping) == share)
+            ):
+                keeping[key] = now
+                wanted.append(i)
+            else:
+                keeping.pop(key, None)
         reserved = keeper.reserve(len(wanted)) if wanted else 0
+        for i in wanted[reserved:]:
+            keeping.pop(items[i].ident.job_key, None)
         if reserved:
             items = list(items)
             for i in wanted[:reserved]:
-                items[i] = dataclasses.replace(items[i], keep=True)
+                f = items[i]
+                items[i] = Finished(f.ident, f.done, f.outcome, f.error, True)
         return items, reserved
+
+    def _not_kept(self, items: list[Finished], claims: list[ClaimRow]) -> None:
+        """Jobs sent with ``keep`` that the finish did not keep (paused, triggered, taken
+        over meanwhile) do not count toward the share."""
+        kept = {c.job_key for c in claims}
+        for f in items:
+            if f.keep and f.ident.job_key not in kept:
+                self.keeping.pop(f.ident.job_key, None)
 
     async def _record_finished(
         self, batch: list[Finished]
@@ -342,7 +380,7 @@ class Finisher(OnClient):
         # the slot was handed over (peers hear of it too), or the worker is stopping (it
         # waits for its runs). Not at every end: a busy worker's claim loop then sent a claim
         # after each batch, mostly for nothing, and won every claim race against idler
-        # workers for the jobs let go (see RELEASE_ODDS).
+        # workers for the jobs let go.
         if self.wake_claims or not done or self._stopping:
             self.wake_claims = False
             self.wake.set()

@@ -17,7 +17,10 @@ stops. A SIGKILLed worker's row counts until ``seen_until`` has passed. Each bea
   it as the next start would;
 * writes how the worker is doing, for the dashboard's workers page (migration 17): the longest
   its event loop was blocked since the previous beat (:mod:`.looplag`) and whether it is
-  saturated (:mod:`.saturation`). In the same statement: no write is added.
+  saturated (:mod:`.saturation`). In the same statement: no write is added;
+* counts the app's live workers and its jobs whose slots come at most
+  :data:`~.claim.KEEP_AHEAD` apart, so that each worker keeps no more than its share of
+  them from one run to the next (:mod:`.finisher`, "kept jobs").
 
 "No worker defines it" is computed where it is shown (``sched_undefined``: ``tenure jobs
 list``, ``tenure status``, the dashboard): a job of an app that has a live worker, none of
@@ -31,10 +34,11 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from ..errors import TenureError
+from .claim import KEEP_AHEAD
 from .rows import PresenceRow
 
 if TYPE_CHECKING:
@@ -69,6 +73,7 @@ class Presence:
         *,
         loop_lag: LoopLag | None = None,
         saturation: Saturation | None = None,
+        fleet: Callable[[int, int], None] | None = None,
     ) -> None:
         self.who = who
         self.app = app
@@ -76,6 +81,8 @@ class Presence:
         self.exclude = exclude
         self.loop_lag = loop_lag
         self.saturation = saturation
+        #: Told each beat's count of the app's live workers and of its keepable jobs.
+        self.fleet = fleet
 
     async def enter(self, client: AsyncClient) -> None:
         """Write the row (app and job keys) and take the first beat. Called before the worker
@@ -107,6 +114,7 @@ class Presence:
                 "ttl": dt.timedelta(seconds=PRESENCE_TTL),
                 "loop_lag": None if self.loop_lag is None else self.loop_lag.take(),
                 "saturated": None if self.saturation is None else self.saturation.saturated,
+                "keep_ahead": KEEP_AHEAD,
             },
             doing="renewing the worker's presence",
             wrote=True,
@@ -138,6 +146,10 @@ class Presence:
                 len(new) - EXCLUDED_LOGGED,
                 self.app,
             )
+        counts = {r.kind: r.n for r in rows if r.kind in ("workers", "keepable")}
+        workers, keepable = counts.get("workers"), counts.get("keepable")
+        if self.fleet is not None and workers is not None and keepable is not None:
+            self.fleet(workers, keepable)
         for r in rows:
             if r.kind == "lost":
                 log.warning(

@@ -274,11 +274,13 @@ class HistoryRow(NamedTuple):
 @row_of("sched_presence_beat")
 class PresenceRow(NamedTuple):
     """One answer of a worker's beat (scheduler/presence.py): ``kind`` 'me' (its row was
-    there; ``job_key`` NULL), 'excluded' (a key of its app its code lacks) or 'lost' (a dead
-    run recorded as lease_lost)."""
+    there; ``job_key`` NULL), 'excluded' (a key of its app its code lacks), 'lost' (a dead
+    run recorded as lease_lost), 'workers' and 'keepable' (``n``: the app's live workers,
+    and its jobs a worker may keep from one run to the next)."""
 
     kind: str
     job_key: str | None
+    n: int | None
 
 
 @row_of("sched_undefined")

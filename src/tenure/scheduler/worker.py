@@ -155,6 +155,7 @@ class Worker:
             self.claimer._exclude,
             loop_lag=self.loop_lag,
             saturation=self.saturation,
+            fleet=self.finisher.fleet,
         )
         #: Set once the worker has registered its jobs and claims (for embedding and tests).
         self.ready = threading.Event()
@@ -250,6 +251,7 @@ class Worker:
             await register_tasks(
                 self.client, list(self.tasks), app=settings.app, registered_by=self.label
             )
+            await self.presence.beat(self.client)  # counts the jobs just registered
             # The worker's background tasks, cancelled when it stops.
             listener = listen(
                 settings.dsn,

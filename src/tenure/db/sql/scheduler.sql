@@ -311,21 +311,27 @@ WITH plan AS (
     -- of scheduled_jobs, job_leases and job_runs instead of looking each up by its index.
     LIMIT %(count)s
 ), fence AS MATERIALIZED (
+    -- The fence rows of the plans that take a lease, locked in key order, each found by its
+    -- key (an index probe per plan: a hash join read all of job_state on every start).
     SELECT s.job_key
-    FROM {schema}.job_state AS s
-    WHERE s.job_key IN (SELECT job_key FROM plan WHERE take AND run_slot IS NOT NULL)
-    ORDER BY s.job_key
-    FOR NO KEY UPDATE SKIP LOCKED
+    FROM (SELECT job_key FROM plan WHERE take AND run_slot IS NOT NULL ORDER BY job_key) AS p
+    CROSS JOIN LATERAL (
+        SELECT s.job_key FROM {schema}.job_state AS s
+        WHERE s.job_key = p.job_key
+        FOR NO KEY UPDATE SKIP LOCKED
+    ) AS s
 ), pc AS MATERIALIZED (
-    -- Each plan, with the token of the lease it takes over (NULL: none, or it may not). One
-    -- row per plan (a CTE of taken plans joined to the plans made a nested loop: n * n).
+    -- Each plan, with the token of the lease it takes over (NULL: none, or it may not), the
+    -- lease looked up by its key. One row per plan (a CTE of taken plans joined to the plans
+    -- made a nested loop: n * n).
     SELECT p.*,
-           CASE WHEN p.take AND p.run_slot IS NOT NULL AND l.fencing_token = p.token
-                     AND l.lease_until < clock_timestamp()
+           CASE WHEN p.take AND p.run_slot IS NOT NULL
                      AND p.job_key IN (SELECT job_key FROM fence)
-                THEN greatest(l.fencing_token + 1, {token_floor}) END AS taken_token
+                THEN (SELECT greatest(l.fencing_token + 1, {token_floor})
+                      FROM {schema}.job_leases AS l
+                      WHERE l.job_key = p.job_key AND l.fencing_token = p.token
+                        AND l.lease_until < clock_timestamp()) END AS taken_token
     FROM plan AS p
-    LEFT JOIN {schema}.job_leases AS l ON p.take AND l.job_key = p.job_key
     LIMIT %(count)s  -- the planner's row estimate, as above
 ), job AS (
     UPDATE {schema}.scheduled_jobs AS j
@@ -591,8 +597,8 @@ SELECT m.job_key, m.token, m.matched,
        CASE WHEN NOT m.matched
             THEN (SELECT s.claim_token FROM {schema}.scheduled_jobs AS s
                   WHERE s.job_key = m.job_key) END AS current,
-       -- A slot handed over, or a job that could have been kept let go (one in RELEASE_ODDS,
-       -- or its worker had no room): every worker's claim loop looks again, so that the
+       -- A slot handed over, or a job that could have been kept let go (its worker has more
+       -- than its share, or no room): every worker's claim loop looks again, so that the
        -- one whose claim comes first at the slot takes it (one notification per statement:
        -- PostgreSQL folds identical ones).
        CASE WHEN NOT m.done THEN pg_notify(%(channel)s, m.job_key)::text
@@ -874,7 +880,7 @@ ON CONFLICT (worker_id) DO UPDATE
 SET app = excluded.app, job_keys = excluded.job_keys, seen_until = excluded.seen_until;
 
 -- name: sched_presence_beat
--- A worker's beat (scheduler/presence.py). Rows back, by kind:
+-- A worker's beat (scheduler/presence.py). Rows back, by kind (n: a count, of the last two):
 --   'me': its row was there (seen_until moved %(ttl)s ahead, its loop lag since the last
 --     beat and its saturation written for the dashboard, migration 17; job_keys is not
 --     rewritten);
@@ -929,15 +935,24 @@ WITH me AS (
     WHERE r.outcome = 'running'
     RETURNING r.job_key
 )
-SELECT 'me' AS kind, NULL AS job_key FROM me
+SELECT 'me' AS kind, NULL AS job_key, NULL::bigint AS n FROM me
 UNION ALL
-SELECT 'excluded', j.job_key
+SELECT 'excluded', j.job_key, NULL
 FROM {schema}.scheduled_jobs AS j
 WHERE (j.app = %(app)s OR j.app IS NULL) AND j.task IS NULL
   AND EXISTS (SELECT 1 FROM me)
   AND NOT EXISTS (SELECT 1 FROM mine WHERE mine.job_key = j.job_key)
 UNION ALL
-SELECT 'lost', job_key FROM lost;
+SELECT 'lost', job_key, NULL FROM lost
+UNION ALL
+-- How many jobs each worker of the app keeps at most (scheduler/finisher.py, "kept jobs"):
+-- its live workers, and its jobs whose slots come at most %(keep_ahead)s seconds apart.
+SELECT 'workers', NULL, (SELECT count(*) FROM {schema}.scheduler_workers AS w
+                         WHERE w.app = %(app)s AND w.seen_until >= clock_timestamp())
+UNION ALL
+SELECT 'keepable', NULL, (SELECT count(*) FROM {schema}.scheduled_jobs AS j
+                          WHERE j.app = %(app)s AND NOT j.paused
+                            AND j.every <= make_interval(secs => %(keep_ahead)s));
 
 -- name: sched_presence_leave
 -- A worker that stops takes its job keys off the list at once.
