@@ -395,3 +395,30 @@ def test_a_kept_job_s_run_updates_its_job_row_twice(dsn: str, schema: str) -> No
     done, updated, hot = _job_row_updates(dsn, schema, "1s", runs_each=8)
     assert updated - 4 * 20 <= 2.3 * done, (updated, hot, done)
     assert hot >= 0.8 * done, (updated, hot, done)
+
+
+def test_a_presence_beat_reads_the_worker_s_keys_once(dsn: str, schema: str) -> None:
+    """The beat lists the app's jobs the worker's code lacks. Its anti-join against the
+    worker's own keys was a nested loop, every job against every key: 0.6-0.9 s of server
+    time per beat at 4,000 jobs (every 10 s, per worker), growing with the square. Now the
+    keys are hashed once."""
+    prepare(dsn, schema)
+    app = tenure.Scheduler(dsn, schema=schema, name="a")
+    keys = [f"k{n:04d}" for n in range(500)]
+    for key in keys:
+        app.add_job(key, lambda ctx: None, every="1s")
+    app.register()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            named_query(schema, "sched_presence_enter"),
+            {"worker": "w", "app": "a", "keys": keys, "host": "h", "pid": 1,
+             "ttl": dt.timedelta(seconds=30)},
+        )  # fmt: skip
+        params = {"worker": "w", "app": "a", "ttl": dt.timedelta(seconds=30),
+                  "loop_lag": None, "saturated": None, "keep_ahead": 2.0}  # fmt: skip
+        [(doc,)] = conn.execute(
+            b"EXPLAIN (ANALYZE, FORMAT JSON) " + named_query(schema, "sched_presence_beat"),
+            params,
+        ).fetchall()
+    scans = [n for n in _nodes(doc[0]["Plan"]) if n.get("CTE Name") == "mine"]
+    assert scans and max(n["Actual Loops"] for n in scans) <= 1, json.dumps(scans)
