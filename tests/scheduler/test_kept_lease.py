@@ -251,7 +251,7 @@ def test_a_finish_sent_again_after_its_answer_was_lost_keeps_the_run_s_success(
 def test_a_worker_starts_a_kept_job_at_its_slot_with_a_lease_taken_then(
     dsn: str, schema: str
 ) -> None:
-    """A worker running an every-second job keeps it from one run to the next: most runs'
+    """A worker running an every-second job keeps it from one run to the next: its runs'
     leases are taken by their starts, at or after their slots (a claim takes one up to
     FIRE_AHEAD before the slot). Each run still has an owner and a token of its own, one
     above the run before."""
@@ -276,7 +276,9 @@ def test_a_worker_starts_a_kept_job_at_its_slot_with_a_lease_taken_then(
     tokens = [token for token, _ in runs]
     assert tokens == list(range(tokens[0], tokens[0] + len(tokens))), seen
     taken_at_start = [after for _, after in runs if after >= 0]
-    assert len(taken_at_start) >= len(runs) // 2, seen  # one in RELEASE_ODDS (8) is let go
+    # A worker alone keeps all of them (no share to respect); one may have been claimed if the
+    # worker fell behind for a moment on a loaded machine (it keeps nothing while saturated).
+    assert len(taken_at_start) >= len(runs) - 1, seen
     owners = query(dsn, schema, "SELECT count(DISTINCT owner), count(*) FROM {schema}.job_runs")
     assert owners[0][0] == owners[0][1]
 
