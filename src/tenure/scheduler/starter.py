@@ -221,13 +221,12 @@ class Starter(OnClient):
         # A row per recorded job, with its run's start (NULL: nothing to run) and the lease a
         # kept job's start took over.
         answered = {row.job_key: row for row in rows}
-        started: dict[str, dt.datetime | None] = {k: r.started_at for k, r in answered.items()}
-        recorded = started.keys()
         skipped, lateness = 0, []
         counts = self.saturation.counts
         for p in batch:
             claim, decided = p.claim, p.decided
-            if claim.job_key not in recorded:
+            row = answered.get(claim.job_key)
+            if row is None:
                 continue
             # Saturation is this worker falling behind: a slot that came due while another
             # holder's lease kept the job (it overran, froze or died) counts from the lease's
@@ -239,7 +238,7 @@ class Starter(OnClient):
                 and counts(s.slot)
                 and not claim.held_elsewhere(s.slot)
             )
-            slot, at = decided.run_slot, started[claim.job_key]
+            slot, at = decided.run_slot, row.started_at
             if decided.run_kind == "scheduled" and slot is not None and at and counts(slot):
                 lateness.append((at - claim.due_here(slot)).total_seconds())
         self.saturation.observe(skipped, lateness, monotonic())
@@ -247,7 +246,8 @@ class Starter(OnClient):
         for p in batch:
             claim, decided = p.claim, p.decided
             extra = {"job": claim.job_key, "token": claim.token}
-            if claim.job_key not in recorded:
+            row = answered.get(claim.job_key)
+            if row is None:
                 if claim.take:
                     # Kept for this worker, but its start came after another worker's claim
                     # (the reserve had passed: a saturated worker, which says so) or after a
@@ -275,7 +275,6 @@ class Starter(OnClient):
                     extra={**extra, "quarantined": True},
                 )
             self._report_skipped(claim, decided)
-            row = answered[claim.job_key]
             at = row.started_at
             if decided.run_slot is None or at is None:
                 if not claim.take:  # a kept job's start with nothing to run took no lease
