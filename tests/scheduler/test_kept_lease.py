@@ -117,6 +117,18 @@ def _lease(dsn: str, schema: str) -> tuple[Any, ...]:
     return row
 
 
+def _run_ten_jobs(dsn: str, schema: str, *, runs: int) -> None:
+    """Ten every-second jobs (TTL 30 s) on a worker in this process, stopped once they have
+    run ``runs`` times in all."""
+    app = tenure.Scheduler(dsn, schema=schema, name="a")
+    ran = threading.Semaphore(0)
+    for n in range(10):
+        app.add_job(f"k{n}", lambda ctx: ran.release(), every="1s", ttl="30s")
+    with InProcessWorker(app):
+        for _ in range(runs):
+            assert ran.acquire(timeout=20)
+
+
 def _outcomes(dsn: str, schema: str) -> list[tuple[Any, ...]]:
     return query(
         dsn,
@@ -291,13 +303,7 @@ def test_every_takeover_of_a_kept_job_comes_after_its_lease_expired(dsn: str, sc
     prepare(dsn, schema)
     with psycopg.connect(dsn, autocommit=True) as conn:
         verify_tables.setup(conn, schema)
-    app = tenure.Scheduler(dsn, schema=schema, name="a")
-    runs = threading.Semaphore(0)
-    for n in range(10):
-        app.add_job(f"k{n}", lambda ctx: runs.release(), every="1s", ttl="30s")
-    with InProcessWorker(app):
-        for _ in range(60):
-            assert runs.acquire(timeout=20)
+    _run_ten_jobs(dsn, schema, runs=60)
     [(takeovers, early)] = query(
         dsn,
         schema,
@@ -393,13 +399,7 @@ def test_a_stopping_worker_gives_back_the_jobs_it_kept(dsn: str, schema: str) ->
     """A worker stopped gives its kept jobs back (as it gives back claims taken ahead of
     their slots): each is due at its slot for any worker, and no lease is left live."""
     prepare(dsn, schema)
-    app = tenure.Scheduler(dsn, schema=schema, name="a")
-    runs = threading.Semaphore(0)
-    for n in range(10):
-        app.add_job(f"k{n}", lambda ctx: runs.release(), every="1s", ttl="30s")
-    with InProcessWorker(app):
-        for _ in range(40):
-            assert runs.acquire(timeout=20)
+    _run_ten_jobs(dsn, schema, runs=40)
     [(live, kept)] = query(
         dsn,
         schema,
