@@ -98,6 +98,13 @@ class BodyLimit:
     def is_long(self, job_key: str) -> bool:
         return job_key in self._long_jobs
 
+    def backed_up(self, seconds: float) -> bool:
+        """Whether a run of a quick job has been waiting ``seconds`` or more for a body slot
+        (a start batch's runs wait a moment for one at thousands of runs a second; this
+        long, the worker does not keep up with its bodies)."""
+        line = self._waiters
+        return bool(line) and time.monotonic() - line[0][1].began >= seconds
+
     def is_new(self, job_key: str) -> bool:
         return job_key not in self._long_jobs and job_key not in self._quick_jobs
 

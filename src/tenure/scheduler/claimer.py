@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -36,6 +37,9 @@ log = logging.getLogger("tenure.scheduler")
 MAX_IDLE = 10.0
 #: Pause before claiming again when due jobs were left to a concurrent claimer.
 CONTENTION_BACKOFF = 0.02
+#: Seconds a quick run may wait for a body slot before the worker stops keeping jobs for
+#: their next runs (see Claimer.reserve).
+BACKED_UP = 0.25
 #: Fire-ahead, seconds: a job whose slot comes within this is claimed and planned before its
 #: slot, and its start is recorded at the slot (jobs with a TTL of at least ten times this;
 #: docs/safety.md, "Claiming ahead of the slot").
@@ -72,6 +76,8 @@ class Claimer(OnClient):
         self._exclude: set[str] = set()
         self._compared: set[tuple[str, int]] = set()  # (job, revision) held against the code
         self._schedules: dict[tuple[Any, ...], Schedule] = {}
+        # When the claim loop looks again unless woken (monotonic; infinity while it claims).
+        self._looks_at = math.inf
 
     def stop(self) -> None:
         self._stopping = True
@@ -81,6 +87,9 @@ class Claimer(OnClient):
         failures = 0
         while not self._stopping:
             self._wake.clear()
+            # A job reported due while this pass claims may be after its snapshot: any such
+            # report makes the loop pass again (see due()).
+            self._looks_at = math.inf
             free = self._room()
             delay = MAX_IDLE
             if free > 0:
@@ -124,6 +133,7 @@ class Claimer(OnClient):
                     delay = CONTENTION_BACKOFF if wait <= 0 else min(wait + 0.001, MAX_IDLE)
             if self._stopping:
                 break
+            self._looks_at = monotonic() + delay
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(delay):
                     await self._wake.wait()
@@ -149,10 +159,12 @@ class Claimer(OnClient):
         """Room for up to ``wanted`` next runs of jobs the finisher keeps for this worker
         (:class:`~.finisher.Keeper`), counted against ``claim_ahead`` at once, as a claim's
         are: none while the worker is saturated (it skips slots or starts them a second
-        late: its jobs go to other workers) or stops. Not :meth:`_room`'s body slots: at a
-        few thousand short runs a second a start batch's runs always wait a moment for one,
-        so the finish right after would keep nothing."""
-        if self._stopping or self.saturation.saturated:
+        late), its runs wait :data:`BACKED_UP` for a body slot, or it stops: then its jobs
+        go to other workers, or wait for its claims, which a busy worker does not send (and
+        which show it late). Not :meth:`_room`'s free body slot: at a few thousand short runs
+        a second a start batch's runs always wait a moment for one, so the finish right
+        after would keep nothing."""
+        if self._stopping or self.saturation.saturated or self.limit.backed_up(BACKED_UP):
             return 0
         room = self.claim_ahead - (self.starter.starting + self.limit.waiting)
         taken = max(0, min(wanted, room))
@@ -173,6 +185,14 @@ class Claimer(OnClient):
             # start's send time (the starter's), not from here.
             self._plan_claimed(claims, received, received)
         if len(claims) < reserved:
+            self._wake.set()
+
+    def due(self, seconds: float) -> None:
+        """A job a finish did not keep (a retry, a trigger, a backfill's next slot, a job let
+        go) is due in ``seconds``: if the claim loop would look later than its fire-ahead
+        before then, it looks now (and then sleeps until the job is due). A run's end does
+        not wake it otherwise."""
+        if monotonic() + seconds - FIRE_AHEAD < self._looks_at:
             self._wake.set()
 
     async def _sleep_unless_stopping(self, seconds: float) -> None:

@@ -65,6 +65,10 @@ class Keeper(Protocol):
         whose answer arrived at ``received``)."""
         ...
 
+    def due(self, seconds: float) -> None:
+        """A job the finish did not keep is due in ``seconds`` (0: now): claim it then."""
+        ...
+
 
 class Finisher(OnClient):
     """Records the ends of one worker's runs. ``running``: the worker's runs in flight, keyed
@@ -163,7 +167,9 @@ class Finisher(OnClient):
                 )
                 claims: list[ClaimRow] = []
                 try:
-                    outcomes, claims = await self._record_finished(items)
+                    outcomes, claims, due = await self._record_finished(items)
+                    if due is not None and self.keeper is not None:
+                        self.keeper.due(due)
                 except Exception:
                     log.exception("recording the end of %d runs failed unexpectedly", len(batch))
                     outcomes = {}
@@ -243,9 +249,10 @@ class Finisher(OnClient):
 
     async def _record_finished(
         self, batch: list[Finished]
-    ) -> tuple[dict[tuple[str, int], str], list[ClaimRow]]:
+    ) -> tuple[dict[tuple[str, int], str], list[ClaimRow], float | None]:
         """Send one batch (retried on a lost connection); returns each run's recorded outcome,
-        and the rows of the jobs it kept."""
+        the rows of the jobs it kept, and in how many seconds the earliest of the others is
+        due (None: no job of the batch is this worker's to claim)."""
         ordered = sorted(batch, key=lambda f: (f.ident.job_key, f.ident.token))  # one lock order
         who = self.who
         for attempt in range(3):
@@ -276,7 +283,7 @@ class Finisher(OnClient):
                             exc,
                             extra=run_fields(f.ident.job_key, f.ident.token, f.ident.slot),
                         )
-                    return {}, []
+                    return {}, [], None
                 await asyncio.sleep(0.5)
             except TenureError as exc:
                 for f in ordered:
@@ -286,8 +293,9 @@ class Finisher(OnClient):
                         exc,
                         extra=run_fields(f.ident.job_key, f.ident.token, f.ident.slot),
                     )
-                return {}, []
+                return {}, [], None
         recorded: dict[tuple[str, int], str] = {}
+        due: float | None = None
         claims: list[ClaimRow] = []
         by_key = {(f.ident.job_key, f.ident.token): f for f in ordered}
         for row in rows:
@@ -295,6 +303,8 @@ class Finisher(OnClient):
             if token is None:  # a job kept for this worker's next run of it
                 claims.append(row.claim())
                 continue
+            if due is None and row.ready_at is not None:
+                due = (row.ready_at - row.now).total_seconds()
             f = by_key[(key, token)]
             outcome = row.outcome or f.outcome
             recorded[(key, token)] = outcome
@@ -309,7 +319,7 @@ class Finisher(OnClient):
                     outcome,
                     extra=run_fields(key, token, f.ident.slot),
                 )
-        return recorded, claims
+        return recorded, claims, due
 
     async def rows_in_progress(self) -> None:
         """Write the 'running' history rows of runs that outlived :data:`RUNNING_ROW_AFTER`,

@@ -88,10 +88,11 @@ class RegisteredRow(NamedTuple):
 @row_of("sched_finish")
 class FinishedRow(NamedTuple):
     """One row of ``sched_finish``: a run it recorded (``token`` set: ``matched`` False when
-    the job was taken over; ``outcome`` what was recorded; ``current`` the job's token now),
-    or a job it kept for this worker's next run of it (``token`` NULL): from ``lease_owner``
-    on, the columns of :class:`ClaimRow` (:meth:`claim`), with the released lease's token and
-    no owner or expiry (the start takes the lease over)."""
+    the job was taken over; ``outcome`` what was recorded; ``current`` the job's token now;
+    ``now`` and ``ready_at``: the database's time and the earliest due time of the jobs the
+    batch did not keep), or a job it kept for this worker's next run of it (``token`` NULL):
+    from ``lease_owner`` on, the columns of :class:`ClaimRow` (:meth:`claim`), with the
+    released lease's token and no owner or expiry (the start takes the lease over)."""
 
     job_key: str
     token: int | None

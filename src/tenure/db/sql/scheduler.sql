@@ -536,7 +536,7 @@ WITH f AS MATERIALIZED (
               j.held_until IS NULL AND f.done
                   AND j.next_slot <= clock_timestamp() + make_interval(secs => %(keep_ahead)s)
                   AS let_go,
-              j.cron, j.every,
+              j.due_at, j.cron, j.every,
               j.timezone, j.ttl, j.misfire, j.misfire_grace, j.on_crash, j.revision,
               j.next_slot, j.done_slot, j.trigger_at, j.crash_streak, j.quarantine_after,
               j.task, j.args, j.run_at, j.starts_at, j.ends_at, j.jitter, j.max_runs,
@@ -610,7 +610,13 @@ SELECT m.job_key, m.token, m.matched,
        NULL::timestamptz AS done_slot, NULL::timestamptz AS running_slot,
        NULL::text AS running_kind, NULL::bigint AS running_token,
        NULL::integer AS running_attempt, NULL::timestamptz AS trigger_at,
-       NULL::timestamptz AS now, NULL::timestamptz AS ready_at, NULL::boolean AS prior_gone,
+       -- When the claim loop should look again for the jobs this batch did not keep: the
+       -- earliest that one of them is due (now, for a retry, a trigger or a backfill slot),
+       -- so that a worker's claims do not wait for a run's end to wake them.
+       clock_timestamp() AS now,
+       greatest((SELECT min(k.due_at) FROM job AS k WHERE NOT k.kept), clock_timestamp())
+           AS ready_at,
+       NULL::boolean AS prior_gone,
        NULL::integer AS crash_streak, NULL::integer AS quarantine_after,
        NULL::timestamptz AS freed_at, NULL::text AS task, NULL::jsonb AS args,
        NULL::timestamptz AS run_at, NULL::timestamptz AS starts_at,
