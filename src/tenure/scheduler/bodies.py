@@ -99,11 +99,13 @@ class BodyLimit:
         return job_key in self._long_jobs
 
     def backed_up(self, seconds: float) -> bool:
-        """Whether a run of a quick job has been waiting ``seconds`` or more for a body slot
-        (a start batch's runs wait a moment for one at thousands of runs a second; this
-        long, the worker does not keep up with its bodies)."""
-        line = self._waiters
-        return bool(line) and time.monotonic() - line[0][1].began >= seconds
+        """Whether a run of a quick or a new job has been waiting ``seconds`` or more for a
+        body slot (a start batch's runs wait a moment for one at thousands of runs a second;
+        this long, the worker does not keep up with its bodies). Long jobs waiting for their
+        share do not count: that is their share."""
+        now = time.monotonic()
+        return any(line and now - line[0][1].began >= seconds
+                   for line in (self._waiters, self._new_waiters))  # fmt: skip
 
     def is_new(self, job_key: str) -> bool:
         return job_key not in self._long_jobs and job_key not in self._quick_jobs

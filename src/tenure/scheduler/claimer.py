@@ -158,13 +158,18 @@ class Claimer(OnClient):
     def reserve(self, wanted: int) -> int:
         """Room for up to ``wanted`` next runs of jobs the finisher keeps for this worker
         (:class:`~.finisher.Keeper`), counted against ``claim_ahead`` at once, as a claim's
-        are: none while the worker is saturated (it skips slots or starts them a second
-        late), its runs wait :data:`BACKED_UP` for a body slot, or it stops: then its jobs
-        go to other workers, or wait for its claims, which a busy worker does not send (and
-        which show it late). Not :meth:`_room`'s free body slot: at a few thousand short runs
-        a second a start batch's runs always wait a moment for one, so the finish right
+        are. None once the worker stops, or while a run has waited :data:`BACKED_UP` for a
+        body slot (its bodies do not keep up: kept jobs would start on time and queue for a
+        slot unseen, the same jobs first; its claims instead wait for a free slot, and their
+        late starts show the worker saturated). Where the app has other live workers, none
+        either while this one is saturated: its jobs go to the others. A worker alone keeps
+        them when only saturated (letting them go would add a claim to each run of a worker
+        already short of time). Not :meth:`_room`'s free body slot: at a few thousand short
+        runs a second a start batch's runs always wait a moment for one, so the finish right
         after would keep nothing."""
-        if self._stopping or self.saturation.saturated or self.limit.backed_up(BACKED_UP):
+        if self._stopping or self.limit.backed_up(BACKED_UP):
+            return 0
+        if self.finisher.share is not None and self.saturation.saturated:
             return 0
         room = self.claim_ahead - (self.starter.starting + self.limit.waiting)
         taken = max(0, min(wanted, room))

@@ -95,24 +95,33 @@ def describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-async def execute(run: Run, limit: BodyLimit) -> tuple[str, str | None, float]:
+#: Told of a run whose body began only after a wait for a body slot, and how many seconds
+#: after its launch (see Worker._waited).
+Waited = Callable[[Run, float], None]
+
+
+async def execute(
+    run: Run, limit: BodyLimit, waited: Waited | None = None
+) -> tuple[str, str | None, float]:
     """Run the job body under its lease (renewed every ttl/3), once ``limit`` has a body slot
     for it; returns its outcome, the error (None on success) and how long the body took.
     Never raises for what the body did. With OpenTelemetry, inside a ``tenure.run`` span
     that the body's own spans nest under."""
     if not tracing.enabled():
-        return await _execute(run, limit)
+        return await _execute(run, limit, waited)
     ident = run.ident
     lateness = (ident.started_at - ident.slot).total_seconds()
     with tracing.run_span(
         ident.job_key, ident.token, ident.slot, ident.kind, ident.attempt, lateness
     ) as span:
-        outcome, error, took = await _execute(run, limit)
+        outcome, error, took = await _execute(run, limit, waited)
         span.outcome(outcome, error)
     return outcome, error, took
 
 
-async def _execute(run: Run, limit: BodyLimit) -> tuple[str, str | None, float]:
+async def _execute(
+    run: Run, limit: BodyLimit, waited: Waited | None
+) -> tuple[str, str | None, float]:
     loop = asyncio.get_running_loop()
     key, token = run.ident.job_key, run.ident.token
     began = loop.time()
@@ -138,6 +147,8 @@ async def _execute(run: Run, limit: BodyLimit) -> tuple[str, str | None, float]:
         if slot is None:
             kept, slot = await _wait_for_slot(run, limit)
             began = loop.time()
+            if waited is not None:
+                waited(run, began - run.launched)
         holding = True
         if run.spec.isolation == "process":
             # The body runs in a child process; cancelling this future stops the child.

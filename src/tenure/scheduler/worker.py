@@ -75,6 +75,7 @@ from .isolation import GRACE as CHILD_GRACE
 from .looplag import LoopLag, threshold
 from .presence import Presence
 from .registration import register, register_tasks
+from .saturation import LAG as SATURATION_LAG
 from .saturation import Saturation
 from .schedules import Plan, Schedule
 from .settings import WorkerSettings
@@ -377,9 +378,23 @@ class Worker:
         run.task = asyncio.create_task(self._run(run), name=f"tenure-run-{claim.job_key}")
 
     async def _run(self, run: Run) -> None:
-        outcome, error, duration = await execute(run, self.limit)
+        outcome, error, duration = await execute(run, self.limit, self._waited)
         if not run.ended:  # (a run left behind at a stop is recorded already)
             self.finisher.finish(run, outcome, error, duration)
+
+    def _waited(self, run: Run, seconds: float) -> None:
+        """A run whose body began ``seconds`` after its start was recorded (every body slot
+        was busy) is as late as a start that much later would have been: a worker whose
+        bodies fall behind is saturated, whether or not its starts are on time (a kept job's
+        start is at its slot)."""
+        ident = run.ident
+        late = (ident.started_at - ident.slot).total_seconds() + seconds
+        if (
+            late > SATURATION_LAG
+            and ident.kind == "scheduled"
+            and self.saturation.counts(ident.slot)
+        ):
+            self.saturation.observe(0, [late], monotonic())
 
     async def _drain(self) -> None:
         """Let running jobs finish within the grace, then cancel them and hand them over."""
