@@ -38,8 +38,10 @@ MAX_IDLE = 10.0
 #: Pause before claiming again when due jobs were left to a concurrent claimer.
 CONTENTION_BACKOFF = 0.02
 #: Seconds a quick run may wait for a body slot before the worker stops keeping jobs for
-#: their next runs (see Claimer.reserve).
-BACKED_UP = 0.25
+#: their next runs (see Claimer.reserve). As long as a late start (saturation.LAG): shorter
+#: waits come and go under load (0.25 s made a loaded 5,000/s row stop keeping, which made
+#: each run costlier and the waits longer).
+BACKED_UP = 1.0
 #: Fire-ahead, seconds: a job whose slot comes within this is claimed and planned before its
 #: slot, and its start is recorded at the slot (jobs with a TTL of at least ten times this;
 #: docs/safety.md, "Claiming ahead of the slot").
