@@ -290,6 +290,46 @@ def test_slow_jobs_a_worker_has_not_run_yet_leave_a_slot_to_quick_ones(
     assert len(during) >= NEW_SLOW / 2 and max(gaps) < NEW_SLOW / 2, (around, w.log())
 
 
+def test_jobs_kept_for_their_next_runs_do_not_shut_out_a_job_that_needs_a_claim(
+    dsn: str, schema: str, tmp_path: Path
+) -> None:
+    # Three jobs sleeping 2 s every second on two body slots, nothing quick beside them: a
+    # run of one of them always waits for a slot. Then a job is triggered: it needs a claim,
+    # and the claim loop claims only when a body slot is free. (Before: each sleeper's run
+    # ended done with its next slot past, so its finish kept the job and its next run waited
+    # in line for the slot; every slot freed went to a kept run, the claim loop never found
+    # one free, and the triggered job never ran. CI saw it as a sleeper never run, with the
+    # probe, in the test above.)
+    prepare(dsn, schema)
+    env = tenure_env(
+        dsn, schema, SCHED_SLOW="2", SCHED_NEW_SLOW="0", SCHED_SLEEPERS="3", SCHED_PROBE="0"
+    )
+    args = ["--concurrency", "2", "--shutdown-grace", "1s"]
+    w = WorkerProcess("crowded", env, tmp_path / "worker.log", args=args)
+    try:
+        w.wait_started()
+        wait_for(lambda: _each_sleeper_ended(dsn, schema, 2), timeout=40, what="two runs each")
+        with tenure.connect(dsn, schema=schema) as client:
+            ops.trigger(client, "newcomer-0", channel=channel("jobs", schema))
+        wait_for(lambda: _newcomers_began(dsn, schema), timeout=15, what="the triggered job")
+        # and every sleeper still runs.
+        wait_for(lambda: _each_sleeper_ended(dsn, schema, 4), timeout=40, what="four runs each")
+        w.signal(signal.SIGTERM)
+        assert w.wait() == 0, w.log()
+    finally:
+        w.stop()
+
+
+def _each_sleeper_ended(dsn: str, schema: str, runs: int) -> bool:
+    rows = query(
+        dsn,
+        schema,
+        "SELECT job_key, count(*) FROM {schema}.job_runs "
+        "WHERE job_key LIKE 'sleeper-%%' AND finished_at IS NOT NULL GROUP BY job_key",
+    )
+    return len(rows) == 3 and all(n >= runs for _key, n in rows)
+
+
 def test_known_long_bodies_hold_at_most_three_quarters_of_the_slots() -> None:
     async def main() -> None:
         wake = asyncio.Event()

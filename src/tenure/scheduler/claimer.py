@@ -178,6 +178,14 @@ class Claimer(OnClient):
         self.starter.starting += taken
         return taken
 
+    def may_keep(self, job_key: str) -> bool:
+        """Not a job whose bodies are long here (:mod:`.bodies`): its next run would wait in
+        line for a slot the claim loop waits for too, and get it first. Runs of such jobs
+        that kept one slot busy each, with one of them always waiting, left the claim loop no
+        free slot ever: jobs that needed a claim never ran again. A kept job saves a claim
+        per run, which counts for runs of milliseconds, not for bodies of a second."""
+        return not self.limit.is_long(job_key)
+
     def kept(self, rows: list[ClaimRow], reserved: int, received: float) -> None:
         """The jobs a finish kept for this worker, planned and queued as claims are (their
         starts take the leases over: a new owner each), or given back if the worker stopped

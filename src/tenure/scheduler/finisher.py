@@ -60,6 +60,10 @@ class Keeper(Protocol):
         """Room for up to ``wanted`` next runs, taken now: how many the finish may keep."""
         ...
 
+    def may_keep(self, job_key: str) -> bool:
+        """Whether a run of ``job_key`` may be kept for its next slot at all."""
+        ...
+
     def kept(self, rows: list[ClaimRow], reserved: int, received: float) -> None:
         """The jobs a finish kept (``reserved`` is given back, ``rows`` are taken as claims
         whose answer arrived at ``received``)."""
@@ -202,10 +206,11 @@ class Finisher(OnClient):
                 self._ended(run, item.done, item.outcome, item.error, duration)
 
     def _keep(self, items: list[Finished], runs: list[Run]) -> tuple[list[Finished], int]:
-        """The batch with ``keep`` on the runs whose jobs may be kept (done, next slot within
-        :data:`~.claim.KEEP_AHEAD` by the run's own estimate of the database's clock), within
-        this worker's share and as many as the keeper has room for; and that room, reserved.
-        A job beyond the share is let go, one the worker kept before first."""
+        """The batch with ``keep`` on the runs whose jobs may be kept (done, not long here,
+        next slot within :data:`~.claim.KEEP_AHEAD` by the run's own estimate of the
+        database's clock), within this worker's share and as many as the keeper has room for;
+        and that room, reserved. A job beyond the share is let go, one the worker kept before
+        first."""
         keeper, keeping = self.keeper, self.keeping
         now = monotonic()
         for key in [k for k, at in keeping.items() if now - at > KEPT_FOR]:
@@ -218,6 +223,7 @@ class Finisher(OnClient):
             key = item.ident.job_key
             keepable = (
                 item.done
+                and keeper.may_keep(key)
                 and run.next_slot is not None
                 and (run.next_slot - item.ident.started_at).total_seconds() - (now - run.launched)
                 <= KEEP_AHEAD
