@@ -290,21 +290,26 @@ def test_slow_jobs_a_worker_has_not_run_yet_leave_a_slot_to_quick_ones(
     assert len(during) >= NEW_SLOW / 2 and max(gaps) < NEW_SLOW / 2, (around, w.log())
 
 
+@pytest.mark.parametrize(
+    ("sleep", "concurrency"),
+    [pytest.param("2", "2", id="long bodies"), pytest.param("0.7", "1", id="quick bodies")],
+)
 def test_jobs_kept_for_their_next_runs_do_not_shut_out_a_job_that_needs_a_claim(
-    dsn: str, schema: str, tmp_path: Path
+    dsn: str, schema: str, tmp_path: Path, sleep: str, concurrency: str
 ) -> None:
-    # Three jobs sleeping 2 s every second on two body slots, nothing quick beside them: a
-    # run of one of them always waits for a slot. Then a job is triggered: it needs a claim,
-    # and the claim loop claims only when a body slot is free. (Before: each sleeper's run
-    # ended done with its next slot past, so its finish kept the job and its next run waited
-    # in line for the slot; every slot freed went to a kept run, the claim loop never found
-    # one free, and the triggered job never ran. CI saw it as a sleeper never run, with the
+    # Three jobs sleeping 2 s every second on two body slots (or 0.7 s on one), nothing else
+    # beside them: a run of one of them always waits for a slot. Then a job is triggered: it
+    # needs a claim, and the claim loop claims only when a body slot is free. (Before: each
+    # sleeper's run ended done with its next slot near or past, so its finish kept the job and
+    # its next run waited in line for the slot; every slot freed went to a kept run, the claim
+    # loop never found one free, and the triggered job never ran, nor, with quick bodies, one
+    # of the sleepers the first claim had left. CI saw it as a sleeper never run, with the
     # probe, in the test above.)
     prepare(dsn, schema)
     env = tenure_env(
-        dsn, schema, SCHED_SLOW="2", SCHED_NEW_SLOW="0", SCHED_SLEEPERS="3", SCHED_PROBE="0"
+        dsn, schema, SCHED_SLOW=sleep, SCHED_NEW_SLOW="0", SCHED_SLEEPERS="3", SCHED_PROBE="0"
     )
-    args = ["--concurrency", "2", "--shutdown-grace", "1s"]
+    args = ["--concurrency", concurrency, "--shutdown-grace", "1s"]
     w = WorkerProcess("crowded", env, tmp_path / "worker.log", args=args)
     try:
         w.wait_started()

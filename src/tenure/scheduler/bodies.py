@@ -84,6 +84,7 @@ class BodyLimit:
         self._new_waiters: Line = collections.deque()
         self._long_waiters: Line = collections.deque()
         self._wanted = False
+        self._wanted_since = 0.0  # when the claim loop found no room (monotonic)
         self.closed = False
 
     @property
@@ -116,9 +117,17 @@ class BodyLimit:
         behind the long and new bodies, not behind the slots). If not, the claim loop is
         woken when there is."""
         if self._waiters or self._busy >= self.limit:
-            self._wanted = True
+            if not self._wanted:
+                self._wanted = True
+                self._wanted_since = time.monotonic()
             return False
         return True
+
+    def shut_out(self, seconds: float) -> bool:
+        """Whether the claim loop has waited ``seconds`` or more for :meth:`room` (it found
+        none, and no slot has freed for it since): runs already on the worker take every
+        slot that frees, and jobs that need a claim wait unseen."""
+        return self._wanted and time.monotonic() - self._wanted_since >= seconds
 
     def _slot(self, job_key: str) -> tuple[Slot, Line]:
         """An untaken slot for ``job_key``'s body, and the line its kind waits in."""

@@ -160,16 +160,19 @@ class Claimer(OnClient):
     def reserve(self, wanted: int) -> int:
         """Room for up to ``wanted`` next runs of jobs the finisher keeps for this worker
         (:class:`~.finisher.Keeper`), counted against ``claim_ahead`` at once, as a claim's
-        are. None once the worker stops, or while a run has waited :data:`BACKED_UP` for a
+        are. None once the worker stops, while a run has waited :data:`BACKED_UP` for a
         body slot (its bodies do not keep up: kept jobs would start on time and queue for a
         slot unseen, the same jobs first; its claims instead wait for a free slot, and their
-        late starts show the worker saturated). Where the app has other live workers, none
-        either while this one is saturated: its jobs go to the others. A worker alone keeps
-        them when only saturated (letting them go would add a claim to each run of a worker
-        already short of time). Not :meth:`_room`'s free body slot: at a few thousand short
-        runs a second a start batch's runs always wait a moment for one, so the finish right
-        after would keep nothing."""
-        if self._stopping or self.limit.backed_up(BACKED_UP):
+        late starts show the worker saturated), or while the claim loop has waited as long
+        for a free slot (kept runs took each one that freed, and due jobs that need a claim
+        never got one: three 0.7 s jobs every second on one slot ran two of them only). Where
+        the app has other live workers, none either while this one is saturated: its jobs
+        go to the others. A worker alone keeps them when only saturated (letting them go
+        would add a claim to each run of a worker already short of time). Not :meth:`_room`'s
+        free body slot: at a few thousand short runs a second a start batch's runs always
+        wait a moment for one, so the finish right after would keep nothing."""
+        limit = self.limit
+        if self._stopping or limit.backed_up(BACKED_UP) or limit.shut_out(BACKED_UP):
             return 0
         if self.finisher.share is not None and self.saturation.saturated:
             return 0
