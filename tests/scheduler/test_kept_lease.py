@@ -9,6 +9,7 @@ worker sends them; the worker-level ones run real workers."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime as dt
 import threading
@@ -22,10 +23,12 @@ import pytest
 
 import tenure
 from tenure.db.channels import channel
+from tenure.db.queries import query as named_query
 from tenure.scheduler import jobs as ops
 from tenure.scheduler.claim import Claim, Finished, RunIdentity, finish_params, start_params
 from tenure.scheduler.rows import ClaimRow, FinishedRow, StartedRow
 from tenure.scheduler.schedules import plan
+from tenure.scheduler.worker import Worker
 from tenure.verify import tables as verify_tables
 from tests.support.env import tenure_env
 from tests.support.scheduler_support import (
@@ -408,3 +411,41 @@ def test_a_stopping_worker_gives_back_the_jobs_it_kept(dsn: str, schema: str) ->
         "FROM {schema}.job_leases AS l JOIN {schema}.scheduled_jobs AS j USING (job_key)",
     )
     assert (live, kept) == (0, 0)
+
+
+def test_a_saturated_worker_lets_its_jobs_go_only_while_another_is_not(
+    dsn: str, schema: str
+) -> None:
+    """A saturated worker keeps no job where another live worker of its app could take its
+    jobs: the presence beat counts the other workers that were not saturated at their last
+    beat. Where every worker is saturated, letting go only adds a claim to each run (at
+    10,000 runs/s asked of two workers both let go, claimed, and fell further behind), so it
+    keeps them as a worker alone does."""
+    prepare(dsn, schema)
+    app = _app(dsn, schema)
+    worker = Worker(app.settings(), app.jobs, app.tasks)
+
+    async def kept_with_the_other(saturated: bool) -> int:
+        async with await tenure.connect_async(dsn, schema=schema) as client:
+            await worker.presence.enter(client)
+            query(
+                dsn,
+                schema,
+                "UPDATE {schema}.scheduler_workers SET saturated = %s WHERE worker_id = 'other'",
+                (saturated,),
+            )
+            worker.saturation.saturated = True
+            await worker.presence.beat(client)
+        reserved = worker.claimer.reserve(1)
+        worker.starter.starting -= reserved
+        return reserved
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            named_query(schema, "sched_presence_enter"),
+            {"worker": "other", "app": "a", "keys": ["k"], "host": "h", "pid": 2,
+             "ttl": dt.timedelta(seconds=30)},
+        )  # fmt: skip
+    assert asyncio.run(kept_with_the_other(saturated=False)) == 0
+    assert worker.finisher.share is not None  # two live workers: a share applies
+    assert asyncio.run(kept_with_the_other(saturated=True)) == 1

@@ -166,15 +166,17 @@ class Claimer(OnClient):
         late starts show the worker saturated), or while the claim loop has waited as long
         for a free slot (kept runs took each one that freed, and due jobs that need a claim
         never got one: three 0.7 s jobs every second on one slot ran two of them only). Where
-        the app has other live workers, none either while this one is saturated: its jobs
-        go to the others. A worker alone keeps them when only saturated (letting them go
-        would add a claim to each run of a worker already short of time). Not :meth:`_room`'s
+        the app has another live worker that is not saturated, none either while this one
+        is: its jobs go to the others. A worker alone, or one of a fleet saturated all
+        through, keeps them when only saturated (letting them go would add a claim to each
+        run of workers already short of time: at 10,000 runs/s asked of two workers, both
+        let go, claimed, and fell further behind). Not :meth:`_room`'s
         free body slot: at a few thousand short runs a second a start batch's runs always
         wait a moment for one, so the finish right after would keep nothing."""
         limit = self.limit
         if self._stopping or limit.backed_up(BACKED_UP) or limit.shut_out(BACKED_UP):
             return 0
-        if self.finisher.share is not None and self.saturation.saturated:
+        if self.saturation.saturated and self.finisher.spare:
             return 0
         room = self.claim_ahead - (self.starter.starting + self.limit.waiting)
         taken = max(0, min(wanted, room))

@@ -108,6 +108,8 @@ class Finisher(OnClient):
         self.wake_claims = False
         #: Most jobs this worker keeps (None: as many as it has room for, a worker alone).
         self.share: int | None = None
+        #: Other live workers of the app that were not saturated at their last beat.
+        self.spare = 0
         #: The jobs it keeps, and when each was last kept (monotonic).
         self.keeping: dict[str, float] = {}
         #: Per job, the token and slot of this worker's last run whose body ended
@@ -126,9 +128,10 @@ class Finisher(OnClient):
         done = self.last_done.get(job_key)
         return done is not None and (done[0] == token or done[1] == slot)
 
-    def fleet(self, workers: int, keepable: int) -> None:
+    def fleet(self, workers: int, keepable: int, spare: int = 0) -> None:
         """The app's live workers and keepable jobs now (each presence beat): this worker's
-        share of those jobs."""
+        share of those jobs; and how many other live workers are not saturated (``spare``)."""
+        self.spare = spare
         if workers <= 1:
             self.share = None
         else:

@@ -73,7 +73,7 @@ class Presence:
         *,
         loop_lag: LoopLag | None = None,
         saturation: Saturation | None = None,
-        fleet: Callable[[int, int], None] | None = None,
+        fleet: Callable[[int, int, int], None] | None = None,
     ) -> None:
         self.who = who
         self.app = app
@@ -81,7 +81,8 @@ class Presence:
         self.exclude = exclude
         self.loop_lag = loop_lag
         self.saturation = saturation
-        #: Told each beat's count of the app's live workers and of its keepable jobs.
+        #: Told each beat's count of the app's live workers, of its keepable jobs, and of
+        #: the other live workers that are not saturated.
         self.fleet = fleet
 
     async def enter(self, client: AsyncClient) -> None:
@@ -146,10 +147,11 @@ class Presence:
                 len(new) - EXCLUDED_LOGGED,
                 self.app,
             )
-        counts = {r.kind: r.n for r in rows if r.kind in ("workers", "keepable")}
+        counts = {r.kind: r.n for r in rows if r.kind in ("workers", "keepable", "spare")}
         workers, keepable = counts.get("workers"), counts.get("keepable")
+        spare = counts.get("spare")
         if self.fleet is not None and workers is not None and keepable is not None:
-            self.fleet(workers, keepable)
+            self.fleet(workers, keepable, spare or 0)
         for r in rows:
             if r.kind == "lost":
                 log.warning(

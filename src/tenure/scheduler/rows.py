@@ -276,8 +276,9 @@ class HistoryRow(NamedTuple):
 class PresenceRow(NamedTuple):
     """One answer of a worker's beat (scheduler/presence.py): ``kind`` 'me' (its row was
     there; ``job_key`` NULL), 'excluded' (a key of its app its code lacks), 'lost' (a dead
-    run recorded as lease_lost), 'workers' and 'keepable' (``n``: the app's live workers,
-    and its jobs a worker may keep from one run to the next)."""
+    run recorded as lease_lost), 'workers', 'keepable' and 'spare' (``n``: the app's live
+    workers, its jobs a worker may keep from one run to the next, and the other live workers
+    that are not saturated)."""
 
     kind: str
     job_key: str | None

@@ -958,6 +958,12 @@ UNION ALL
 SELECT 'workers', NULL, (SELECT count(*) FROM {schema}.scheduler_workers AS w
                          WHERE w.app = %(app)s AND w.seen_until >= clock_timestamp())
 UNION ALL
+-- Of them, the others that said at their last beat they were not saturated: a saturated
+-- worker lets its jobs go only when one of them could take them.
+SELECT 'spare', NULL, (SELECT count(*) FROM {schema}.scheduler_workers AS w
+                       WHERE w.app = %(app)s AND w.seen_until >= clock_timestamp()
+                         AND w.worker_id <> %(worker)s AND NOT coalesce(w.saturated, false))
+UNION ALL
 SELECT 'keepable', NULL, (SELECT count(*) FROM {schema}.scheduled_jobs AS j
                           WHERE j.app = %(app)s AND NOT j.paused
                             AND j.every <= make_interval(secs => %(keep_ahead)s));
