@@ -46,15 +46,26 @@ def _otel() -> Any:
     return _api
 
 
+_provider_set = False  # once set, the global tracer provider cannot change
+
+
 def enabled() -> bool:
     """Whether spans would be recorded: the OpenTelemetry API is importable and the
     application has set a tracer provider (until it does, the API's is a proxy to nothing,
-    and tenure's hot paths skip even the no-op spans)."""
+    and tenure's hot paths skip even the no-op spans). A worker asks per run: once a
+    provider is set the answer is remembered (OpenTelemetry sets the global one once), as
+    the API reads the environment each time it is asked."""
+    global _provider_set
+    if _provider_set:
+        return True
     api = _otel()
     if not api:
         return False
     provider = api[0].get_tracer_provider()
-    return not isinstance(provider, (api[0].ProxyTracerProvider, api[0].NoOpTracerProvider))
+    _provider_set = not isinstance(
+        provider, (api[0].ProxyTracerProvider, api[0].NoOpTracerProvider)
+    )
+    return _provider_set
 
 
 class Span:

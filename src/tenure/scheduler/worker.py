@@ -62,6 +62,7 @@ from ..db.retention import age_text
 from ..errors import InvalidArgument, SchemaNotReady, TenureError
 from ..leases._async.client import AsyncClient, connect_async, default_margin
 from ..leases._async.lease import AsyncLease
+from ..leases.context import LoopStore
 from ..leases.models import Grant
 from .background import listen, prune
 from .bodies import BodyLimit
@@ -111,6 +112,7 @@ class Worker:
         self.shutdown_grace = settings.shutdown_grace
         self.channel = channel("jobs", settings.schema)
         self._client: AsyncClient | None = None
+        self._store: LoopStore | None = None
         # Keyed by (job, token): a run that lost its lease may still be finishing when this
         # same worker claims the job's retry.
         self._running: dict[tuple[str, int], Run] = {}
@@ -234,6 +236,7 @@ class Worker:
         )
         for part in (self.claimer, self.starter, self.finisher):
             part.attach(self._client)
+        self._store = LoopStore(self._client)  # the runs' ctx.results, on this loop
         tasks: list[asyncio.Task[None]] = []
         cancelled = False
         try:
@@ -354,6 +357,7 @@ class Worker:
             worker_id=self.id,
             args=claim.args,
             task=claim.task,
+            store=self._store,
         )
         lease.on_lost(lambda lost: ctx._stop(lost.lost_reason or "the lease is lost"))
         ident = RunIdentity(
