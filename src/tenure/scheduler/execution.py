@@ -108,19 +108,19 @@ async def execute(
     Never raises for what the body did. With OpenTelemetry, inside a ``tenure.run`` span
     that the body's own spans nest under."""
     if not tracing.enabled():
-        return await _execute(run, limit, waited)
+        return await _execute(run, limit, waited, traced=False)
     ident = run.ident
     lateness = (ident.started_at - ident.slot).total_seconds()
     with tracing.run_span(
         ident.job_key, ident.token, ident.slot, ident.kind, ident.attempt, lateness
     ) as span:
-        outcome, error, took = await _execute(run, limit, waited)
+        outcome, error, took = await _execute(run, limit, waited, traced=True)
         span.outcome(outcome, error)
     return outcome, error, took
 
 
 async def _execute(
-    run: Run, limit: BodyLimit, waited: Waited | None
+    run: Run, limit: BodyLimit, waited: Waited | None, *, traced: bool
 ) -> tuple[str, str | None, float]:
     loop = asyncio.get_running_loop()
     key, token = run.ident.job_key, run.ident.token
@@ -159,7 +159,8 @@ async def _execute(
                 _guarded(run.spec.fn, ctx, lambda: run.shutdown or lease.lost)
             )
         else:
-            body = in_thread(run.spec.fn, ctx, f"tenure-job-{key}", partial(limit.release, slot))
+            release = partial(limit.release, slot)
+            body = in_thread(run.spec.fn, ctx, f"tenure-job-{key}", release, traced=traced)
             released_by_thread = True
         # Renew every ttl/3 and mark the lease lost at its local deadline (cancelling an
         # async or isolated body then), from ttl/3 on: nothing can be due before, and most
@@ -365,12 +366,18 @@ _deliveries: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Deliveries] =
 
 
 def in_thread(
-    fn: Any, ctx: JobContext, name: str, release: Callable[[float], None]
+    fn: Any,
+    ctx: JobContext,
+    name: str,
+    release: Callable[[float], None],
+    *,
+    traced: bool | None = None,
 ) -> asyncio.Future[Any]:
     """Run ``fn(ctx)`` in a daemon thread (named ``name`` while it runs); the returned future
     gets its outcome. ``release`` is called in the thread as soon as ``fn`` returns, with the
     CPU seconds the thread spent in it (its body slot is free before the outcome reaches the
-    event loop)."""
+    event loop). ``traced``: whether spans are recorded, as the caller found (None: asked
+    here; the OpenTelemetry API reads the environment each time)."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Any] = loop.create_future()
     deliveries = _deliveries.get(loop)
@@ -387,7 +394,9 @@ def in_thread(
 
     # The caller's context (its current span, with OpenTelemetry) for the body: a reused
     # thread would otherwise run it in whatever context the thread started with.
-    context = contextvars.copy_context() if tracing.enabled() else None
+    if traced is None:
+        traced = tracing.enabled()
+    context = contextvars.copy_context() if traced else None
 
     def target() -> None:
         thread = threading.current_thread()
