@@ -436,7 +436,7 @@ def measure(
             )
     body_late = None
     if args.body == "mixed":
-        body_late = began_lateness(began_dir, t0.timestamp(), end.timestamp())
+        body_late = began_lateness(began_dir, t0.timestamp(), end.timestamp(), args.timeline)
     kept = None
     if any(code != 0 for code in codes):  # keep the logs of a worker that did not stop cleanly
         kept = Path(tempfile.mkdtemp(prefix=f"tenure-scale-{tag}-"))
@@ -488,23 +488,35 @@ def measure(
     }
 
 
-def began_lateness(folder: Path, t0: float, end: float) -> dict[str, Any]:
+def began_lateness(
+    folder: Path, t0: float, end: float, every: float | None = None
+) -> dict[str, Any]:
     """The no-op bodies' own starts (bench_scheduler's BENCH_BEGAN_DIR lines): seconds from
-    each slot in [t0, end) to its body's first line, as p50 / p99 / max in ms."""
+    each slot in [t0, end) to its body's first line, as p50 / p99 / max in ms; with
+    ``every``, also per bucket of that many seconds of slots (``--timeline``)."""
     late: list[float] = []
+    by_bucket: dict[int, list[float]] = {}
     for path in folder.glob("began-*.txt"):
         for line in path.read_text().splitlines():
             slot, began = map(float, line.split())
             if t0 <= slot < end:
                 late.append(began - slot)
-    late.sort()
+                if every:
+                    by_bucket.setdefault(int((slot - t0) // every), []).append(began - slot)
     if not late:
         return {"runs": 0, "p50_ms": None, "p99_ms": None, "max_ms": None}
 
-    def ms(q: float) -> float:
-        return round(late[min(len(late) - 1, int(q * len(late)))] * 1000, 1)
+    def ms(values: list[float], q: float) -> float:
+        return round(values[min(len(values) - 1, int(q * len(values)))] * 1000, 1)
 
-    return {"runs": len(late), "p50_ms": ms(0.5), "p99_ms": ms(0.99), "max_ms": ms(1.0)}
+    def summary(values: list[float]) -> dict[str, Any]:
+        values.sort()
+        return {"p50_ms": ms(values, 0.5), "p99_ms": ms(values, 0.99), "max_ms": ms(values, 1.0)}
+
+    out: dict[str, Any] = {"runs": len(late), **summary(late)}
+    if every:
+        out["buckets"] = [{"from_s": b * every, **summary(by_bucket[b])} for b in sorted(by_bucket)]
+    return out
 
 
 def reference_loop() -> float:
@@ -650,6 +662,11 @@ def main() -> None:
                 print(f"\n{r['side']}, {r['rate']:,}/s, {r['schedule']}, {r['workers']} workers:")
                 for b in r["timeline"]:
                     print("   ", json.dumps(b))
+                body = (r["noop"] or {}).get("body") or {}
+                if body.get("buckets"):
+                    print("  no-op bodies began late, by slot:")
+                    for b in body["buckets"]:
+                        print("   ", json.dumps(b))
         if any(r["costs"] for r in results):
             print(
                 f"\ncores asked: the asked runs/s times the row's worker and server CPU per run; "
