@@ -449,7 +449,8 @@ async def blocks_loop(ctx: tenure.JobContext) -> None:
 # -- crowded: slow bodies beside a quick one, at the default concurrency (issue 28) ----------
 # SCHED_SLEEPERS (8: as many as the default 8 body slots) jobs whose sync bodies sleep
 # SCHED_SLOW seconds, one quick ``probe`` that records when its body began (none with
-# SCHED_PROBE=0), and two slow ``newcomer`` jobs that run only when triggered.
+# SCHED_PROBE=0; SCHED_QUICK more like it), and two slow ``newcomer`` jobs that run only
+# when triggered.
 
 crowded = tenure.Scheduler(name="crowded")
 
@@ -468,6 +469,10 @@ def _probe(ctx: tenure.JobContext) -> None:
 
 if os.environ.get("SCHED_PROBE", "1") != "0":
     crowded.add_job("probe", _probe, every="1s", ttl="5s")
+
+# SCHED_QUICK (0) more quick jobs like the probe, ``quick-<i>``.
+for _i in range(int(os.environ.get("SCHED_QUICK", "0"))):
+    crowded.add_job(f"quick-{_i}", _probe, every="1s", ttl="5s")
 
 
 # Two slow jobs the worker has not run yet when a test triggers them: they sleep

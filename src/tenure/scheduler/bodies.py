@@ -18,11 +18,13 @@ more, rounded down: 7 of 8), so the rest stay free for the quick ones. Without t
 whose demand exceeds the slots (ten jobs sleeping 2 s every second need 20) fill every slot
 and every other job on the worker waits behind them; with it, slow jobs delay the quick ones
 by no more than their share of the slots. New jobs have a share of their own because the
-worker learns a job's length from its own runs only: on several workers each slow job is new
-to each worker for a while, and two new jobs that turned out slow took both slots kept for
-quick ones (bench/README.md, "Eleventh pass"). A worker that runs no quick bodies keeps no
-slot back. A long or new run over its share waits in a line of its own, behind which quick
-runs pass; new runs go before long ones.
+worker learns a job's length from its own runs (and, as it starts, from how long each job ran
+lately, :meth:`BodyLimit.seed`: after a restart its jobs are long or quick from their first
+run): on several workers of a fresh fleet each slow job is new to each worker for a while,
+and two new jobs that turned out slow took both slots kept for quick ones (bench/README.md,
+"Eleventh pass"). A worker that runs no quick bodies keeps no slot back. A long or new run
+over its share waits in a line of its own, behind which quick runs pass; new runs go before
+long ones.
 """
 
 from __future__ import annotations
@@ -107,6 +109,23 @@ class BodyLimit:
         now = time.monotonic()
         return any(line and now - line[0][1].began >= seconds
                    for line in (self._waiters, self._new_waiters))  # fmt: skip
+
+    def seed(self, lengths: dict[str, float]) -> None:
+        """What the history says of jobs not run here yet (``lengths``: seconds, from
+        ``sched_body_lengths``): long or quick by the same :data:`LONG_BODY` as a body run
+        here, and the slots kept for quick bodies from now on if any is quick. Without it a
+        worker that starts knows none of its jobs: their first runs wait in one line, and
+        quick ones queued behind slow ones waited up to 18 s (bench/README.md, "Fourteenth
+        pass"). A job's runs here relearn it."""
+        with self._lock:
+            for job_key, took in lengths.items():
+                if job_key in self._long_jobs or job_key in self._quick_jobs:
+                    continue
+                if took >= LONG_BODY:
+                    self._long_jobs.add(job_key)
+                else:
+                    self._quick_jobs.add(job_key)
+                    self._quick_at = time.monotonic()
 
     def is_new(self, job_key: str) -> bool:
         return job_key not in self._long_jobs and job_key not in self._quick_jobs

@@ -272,6 +272,14 @@ class HistoryRow(NamedTuple):
     last_slot: dt.datetime | None
 
 
+@row_of("sched_body_lengths")
+class BodyLengthRow(NamedTuple):
+    """How long a job ran lately (the shortest of its last three ended runs, seconds)."""
+
+    job_key: str
+    took: float
+
+
 @row_of("sched_presence_beat")
 class PresenceRow(NamedTuple):
     """One answer of a worker's beat (scheduler/presence.py): ``kind`` 'me' (its row was

@@ -76,6 +76,7 @@ from .isolation import GRACE as CHILD_GRACE
 from .looplag import LoopLag, threshold
 from .presence import Presence
 from .registration import register, register_tasks
+from .rows import BodyLengthRow
 from .saturation import LAG as SATURATION_LAG
 from .saturation import Saturation
 from .schedules import Plan, Schedule
@@ -256,6 +257,7 @@ class Worker:
                 self.client, list(self.tasks), app=settings.app, registered_by=self.label
             )
             await self.presence.beat(self.client)  # counts the jobs just registered
+            await self._learn_body_lengths()
             # The worker's background tasks, cancelled when it stops.
             listener = listen(
                 settings.dsn,
@@ -319,6 +321,21 @@ class Worker:
             await self.client.close()
         if cancelled:
             raise asyncio.CancelledError
+
+    async def _learn_body_lengths(self) -> None:
+        """Which of its jobs are slow or quick, from their history (:meth:`BodyLimit.seed`);
+        a worker that cannot read it learns from its own runs, as before."""
+        try:
+            rows = await self.client.fetch(
+                "sched_body_lengths",
+                {"keys": sorted(self.specs)},
+                doing="reading how long the jobs ran lately",
+                row=BodyLengthRow,
+            )
+        except TenureError as exc:
+            log.warning("reading how long the jobs ran lately failed (learned from runs): %s", exc)
+            return
+        self.limit.seed({row.job_key: row.took for row in rows})
 
     # -- running ----------------------------------------------------------------------------
 

@@ -968,6 +968,24 @@ SELECT 'keepable', NULL, (SELECT count(*) FROM {schema}.scheduled_jobs AS j
                           WHERE j.app = %(app)s AND NOT j.paused
                             AND j.every <= make_interval(secs => %(keep_ahead)s));
 
+-- name: sched_body_lengths
+-- How long each of a starting worker's jobs ran lately (scheduler/bodies.py), so that it
+-- knows its slow and quick jobs before running each once itself: the shortest of each job's
+-- last three ended runs, from its recorded start to its recorded end, in seconds (a start is
+-- recorded before the run's wait for a body slot: the shortest is the least inflated). One
+-- backward step per job on job_runs_run; jobs that never ran return no row.
+SELECT k.job_key, min(r.took) AS took
+FROM unnest(%(keys)s::text[]) AS k(job_key)
+CROSS JOIN LATERAL (
+    SELECT extract(epoch FROM x.finished_at - x.started_at)::float8 AS took
+    FROM {schema}.job_runs AS x
+    WHERE x.job_key = k.job_key AND x.started_at IS NOT NULL
+      AND x.outcome IN ('succeeded', 'failed') AND x.finished_at IS NOT NULL
+    ORDER BY x.token DESC
+    LIMIT 3
+) AS r
+GROUP BY k.job_key;
+
 -- name: sched_presence_leave
 -- A worker that stops takes its job keys off the list at once.
 DELETE FROM {schema}.scheduler_workers WHERE worker_id = %(worker)s;
