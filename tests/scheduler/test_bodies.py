@@ -202,36 +202,37 @@ def test_slow_bodies_leave_room_for_quick_ones_at_the_default_concurrency(
 SLEEPERS = 24
 
 
-def _learned(dsn: str, schema: str) -> bool:
-    """Every sleeper has ended a body on the worker (it knows them all as long)."""
+def _each_sleeper_ended(dsn: str, schema: str, sleepers: int, runs: int) -> bool:
+    """Each of the ``sleepers`` has ended ``runs`` bodies or more on the worker (after one, it
+    knows them as long)."""
     rows = query(
         dsn,
         schema,
-        "SELECT count(DISTINCT job_key) FROM {schema}.job_runs "
-        "WHERE job_key LIKE 'sleeper-%%' AND finished_at IS NOT NULL",
+        "SELECT job_key, count(*) FROM {schema}.job_runs "
+        "WHERE job_key LIKE 'sleeper-%%' AND finished_at IS NOT NULL GROUP BY job_key",
     )
-    return rows[0][0] == SLEEPERS
+    return len(rows) == sleepers and all(n >= runs for _key, n in rows)
+
+
+def _began(dsn: str, schema: str, jobs: str, phase: str) -> list[float]:
+    """When the bodies of the jobs whose keys are LIKE ``jobs`` recorded ``phase`` (epoch
+    seconds, database clock), in order."""
+    rows = query(
+        dsn,
+        schema,
+        "SELECT extract(epoch FROM at)::float8 FROM {schema}.evidence "
+        "WHERE job_key LIKE %s AND phase = %s ORDER BY at",
+        (jobs, phase),
+    )
+    return [r[0] for r in rows]
 
 
 def _newcomers_began(dsn: str, schema: str) -> list[float]:
-    """When each newcomer body began (epoch seconds, database clock), in order."""
-    rows = query(
-        dsn,
-        schema,
-        "SELECT extract(epoch FROM at)::float8 FROM {schema}.evidence "
-        "WHERE job_key LIKE 'newcomer-%%' AND phase = 'started' ORDER BY at",
-    )
-    return [r[0] for r in rows]
+    return _began(dsn, schema, "newcomer-%", "started")
 
 
 def _probes_began(dsn: str, schema: str) -> list[float]:
-    rows = query(
-        dsn,
-        schema,
-        "SELECT extract(epoch FROM at)::float8 FROM {schema}.evidence "
-        "WHERE job_key = 'probe' ORDER BY at",
-    )
-    return [r[0] for r in rows]
+    return _began(dsn, schema, "probe", "ran")
 
 
 NEW_SLOW = 8.0  # seconds a newcomer's body sleeps
@@ -255,7 +256,11 @@ def test_slow_jobs_a_worker_has_not_run_yet_leave_a_slot_to_quick_ones(
     w = WorkerProcess("crowded", env, tmp_path / "worker.log", args=["--shutdown-grace", "1s"])
     try:
         w.wait_started()
-        wait_for(lambda: _learned(dsn, schema), timeout=40, what="every sleeper to end once")
+        wait_for(
+            lambda: _each_sleeper_ended(dsn, schema, SLEEPERS, 1),
+            timeout=40,
+            what="every sleeper to end once",
+        )
         # and the probe runs every second again (the sleepers' first runs held it back).
         (learned,) = query(dsn, schema, "SELECT extract(epoch FROM clock_timestamp())::float8")[0]
         wait_for(
@@ -313,26 +318,16 @@ def test_jobs_kept_for_their_next_runs_do_not_shut_out_a_job_that_needs_a_claim(
     w = WorkerProcess("crowded", env, tmp_path / "worker.log", args=args)
     try:
         w.wait_started()
-        wait_for(lambda: _each_sleeper_ended(dsn, schema, 2), timeout=40, what="two runs each")
+        wait_for(lambda: _each_sleeper_ended(dsn, schema, 3, 2), timeout=40, what="two runs each")
         with tenure.connect(dsn, schema=schema) as client:
             ops.trigger(client, "newcomer-0", channel=channel("jobs", schema))
         wait_for(lambda: _newcomers_began(dsn, schema), timeout=15, what="the triggered job")
         # and every sleeper still runs.
-        wait_for(lambda: _each_sleeper_ended(dsn, schema, 4), timeout=40, what="four runs each")
+        wait_for(lambda: _each_sleeper_ended(dsn, schema, 3, 4), timeout=40, what="four runs each")
         w.signal(signal.SIGTERM)
         assert w.wait() == 0, w.log()
     finally:
         w.stop()
-
-
-def _each_sleeper_ended(dsn: str, schema: str, runs: int) -> bool:
-    rows = query(
-        dsn,
-        schema,
-        "SELECT job_key, count(*) FROM {schema}.job_runs "
-        "WHERE job_key LIKE 'sleeper-%%' AND finished_at IS NOT NULL GROUP BY job_key",
-    )
-    return len(rows) == 3 and all(n >= runs for _key, n in rows)
 
 
 def test_a_worker_that_starts_knows_its_slow_and_quick_jobs_from_their_history(
@@ -351,7 +346,11 @@ def test_a_worker_that_starts_knows_its_slow_and_quick_jobs_from_their_history(
     first = WorkerProcess("crowded", env, tmp_path / "first.log", args=args)
     try:
         first.wait_started()
-        wait_for(lambda: _learned(dsn, schema), timeout=40, what="every sleeper to end once")
+        wait_for(
+            lambda: _each_sleeper_ended(dsn, schema, SLEEPERS, 1),
+            timeout=40,
+            what="every sleeper to end once",
+        )
         first.signal(signal.SIGTERM)
         assert first.wait() == 0, first.log()
     finally:

@@ -117,15 +117,11 @@ class BodyLimit:
         worker that starts knows none of its jobs: their first runs wait in one line, and
         quick ones queued behind slow ones waited up to 18 s (bench/README.md, "Fourteenth
         pass"). A job's runs here relearn it."""
+        now = time.monotonic()
         with self._lock:
             for job_key, took in lengths.items():
-                if job_key in self._long_jobs or job_key in self._quick_jobs:
-                    continue
-                if took >= LONG_BODY:
-                    self._long_jobs.add(job_key)
-                else:
-                    self._quick_jobs.add(job_key)
-                    self._quick_at = time.monotonic()
+                if self.is_new(job_key):
+                    self._learn(job_key, took >= LONG_BODY, now)
 
     def is_new(self, job_key: str) -> bool:
         return job_key not in self._long_jobs and job_key not in self._quick_jobs
@@ -199,15 +195,20 @@ class BodyLimit:
             self._busy -= 1
             self._long -= slot.long
             self._new -= slot.new
-            if not learn:
-                return
-            if took >= LONG_BODY or (cpu is not None and cpu >= LONG_BODY_CPU):
-                self._long_jobs.add(slot.job_key)
-                self._quick_jobs.discard(slot.job_key)
-            else:
-                self._quick_at = now
-                self._quick_jobs.add(slot.job_key)
-                self._long_jobs.discard(slot.job_key)
+            if learn:
+                long = took >= LONG_BODY or (cpu is not None and cpu >= LONG_BODY_CPU)
+                self._learn(slot.job_key, long, now)
+
+    def _learn(self, job_key: str, long: bool, now: float) -> None:
+        """``job_key`` is long or quick here from now on (under the lock); a quick one keeps
+        the slots for quick bodies."""
+        if long:
+            self._long_jobs.add(job_key)
+            self._quick_jobs.discard(job_key)
+        else:
+            self._quick_at = now
+            self._quick_jobs.add(job_key)
+            self._long_jobs.discard(job_key)
 
     def _fits(self, slot: Slot) -> bool:
         """Whether ``slot``'s body may begin now (under the lock): a slot free and, for a long

@@ -170,15 +170,15 @@ class Claimer(OnClient):
         is: its jobs go to the others. A worker alone, or one of a fleet saturated all
         through, keeps them when only saturated (letting them go would add a claim to each
         run of workers already short of time: at 10,000 runs/s asked of two workers, both
-        let go, claimed, and fell further behind). Not :meth:`_room`'s
-        free body slot: at a few thousand short runs a second a start batch's runs always
-        wait a moment for one, so the finish right after would keep nothing."""
+        let go, claimed, and fell further behind). Not :meth:`_room`'s free body slot: at a
+        few thousand short runs a second a start batch's runs always wait a moment for one,
+        so the finish right after would keep nothing."""
         limit = self.limit
         if self._stopping or limit.backed_up(BACKED_UP) or limit.shut_out(BACKED_UP):
             return 0
         if self.saturation.saturated and self.finisher.spare:
             return 0
-        room = self.claim_ahead - (self.starter.starting + self.limit.waiting)
+        room = self.claim_ahead - (self.starter.starting + limit.waiting)
         taken = max(0, min(wanted, room))
         self.starter.starting += taken
         return taken
