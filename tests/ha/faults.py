@@ -10,24 +10,27 @@ time budget): see tests/ha/test_patroni_*.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
+from psycopg import sql
 
+from tenure.exec.history import WAIT as HISTORY_WAIT
 from tenure.verify import VerifyConfig, VerifyResult
 from tenure.verify import run as verify_run
 from tenure.verify.config import RESTART
 from tests.support.env import run_tenure
 
 from .cluster import PatroniCluster
-from .workload import Recovery, Workload
+from .workload import EXEC_KEY, Recovery, Workload
 
 WARM_UP_TIMEOUT = 60.0
 RECOVERY_TIMEOUT = 60.0
@@ -35,9 +38,12 @@ STEADY = 2.0  # seconds of load before the fault and after the recovery
 #: How long cut_clients cuts the leader off the clients: over the load's TTLs (6 s), so that
 #: every lease held at the cut expires by the database clock during it.
 CLIENT_CUT = 12.0
-#: A run whose claim was answered just before the cut may start, and a tenure exec child
-#: write its line, this long after it.
+#: A run whose claim was answered just before the cut may start this long after it.
 CUT_GRACE = 1.0
+#: A tenure exec whose acquire was answered just before the cut starts its command up to the
+#: exec history's bounded wait later (the start's history row gets no answer, which is not a
+#: reason to leave a valid lease unused: tenure/exec/history.py), plus the same slack.
+EXEC_CUT_GRACE = HISTORY_WAIT + CUT_GRACE
 ALL = os.environ.get("TENURE_HA_ALL", "") not in ("", "0")
 
 
@@ -180,6 +186,47 @@ CLIENT_FAULTS: dict[str, Callable[[PatroniCluster], str]] = {
 }
 
 
+@contextlib.contextmanager
+def exec_caught_after_acquire(c: PatroniCluster, load: Workload, leader: str) -> Iterator[int]:
+    """Hold a tenure exec of the load between its acquire and its command's start, then
+    yield its token: the fault injected in the block then falls after an acquire the leader
+    answered and before its command began, every time (the edge a client cut's grace is
+    for). On the leader directly, not through the clients' way: an uncommitted history row
+    for the exec key's next token makes that exec's own start row wait on it. Rolled back
+    when the block ends."""
+    with psycopg.connect(c.member(leader).dsn) as conn:
+        schema = sql.Identifier(load.schema)
+        me = conn.info.backend_pid
+        deadline = time.monotonic() + WARM_UP_TIMEOUT
+        while True:
+            assert time.monotonic() < deadline, "no tenure exec acquired in time"
+            row = conn.execute(
+                sql.SQL(
+                    "INSERT INTO {}.exec_runs (job_key, token, host, pid, started_at, outcome) "
+                    "SELECT job_key, fencing_token + 1, 'ha-test', 0, now(), 'running' "
+                    "FROM {}.job_leases WHERE job_key = %s "
+                    "ON CONFLICT (job_key, token) DO NOTHING RETURNING token"
+                ).format(schema, schema),
+                (EXEC_KEY,),
+            ).fetchone()
+            if row is not None:
+                break
+            conn.rollback()  # an exec took that token meanwhile: the next one
+            time.sleep(0.05)
+        token = int(row[0])
+        # pg_locks is read live (pg_stat_activity would be one snapshot per transaction).
+        waiting = (
+            "SELECT count(*) FROM pg_locks WHERE NOT granted AND %s = ANY(pg_blocking_pids(pid))"
+        )
+        while conn.execute(waiting, (me,)).fetchone() == (0,):
+            assert time.monotonic() < deadline, f"no tenure exec acquired token {token} in time"
+            time.sleep(0.005)
+        try:
+            yield token
+        finally:
+            conn.rollback()
+
+
 def _wait(predicate: Callable[[], object], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -220,16 +267,25 @@ def run_fault(c: PatroniCluster, fault: str) -> tuple[str, Recovery]:
         time.sleep(STEADY)
         assert not load.running(), load.running()
         before, leader = c.timeline(), c.leader()
-        fault_t = time.time()
-        what = {**FAULTS, **ETCD_FAULTS, **CLIENT_FAULTS}[fault](c)
-        end_t = time.time()
+        assert leader is not None
+        caught = None
+        with contextlib.ExitStack() as stack:
+            if fault in CLIENT_FAULTS:
+                caught = stack.enter_context(exec_caught_after_acquire(c, load, leader))
+            fault_t = time.time()
+            what = {**FAULTS, **ETCD_FAULTS, **CLIENT_FAULTS}[fault](c)
+            end_t = time.time()
         c.wait_healthy()
         timeline = c.timeline()
         if fault in CLIENT_FAULTS:
             # No failover: the same leader on the same timeline, and no work done while cut.
             assert (timeline, c.leader()) == (before, leader), (what, timeline, c.leader())
-            done = load.done_between(fault_t, end_t, grace=CUT_GRACE)
+            done = load.done_between(fault_t, end_t, grace=CUT_GRACE, exec_grace=EXEC_CUT_GRACE)
             assert not done, f"{what}: succeeded during the cut:\n" + "\n".join(done[:20])
+            # The exec caught between its acquire and its command's start began the command
+            # during the cut, on the lease it holds: the edge was there.
+            began = [e["t"] - fault_t for e in load.exec_lines() if e["token"] == caught]
+            assert began and 0 < began[0] < EXEC_CUT_GRACE, (caught, began)
             what += f" ({load.cut_outcomes(fault_t, end_t)})"
         else:
             # Every one of these faults ends with a promotion (Patroni promotes even the

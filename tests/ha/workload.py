@@ -319,11 +319,11 @@ class Workload:
         delivery = first([d["t"] for d in self.relay_lines() if d["key"] in new_keys])
         return Recovery(writable=writable, acquire=acquire, claim=claim, delivery=delivery)
 
-    def done_between(self, t1: float, t2: float, *, grace: float) -> list[str]:
+    def done_between(self, t1: float, t2: float, *, grace: float, exec_grace: float) -> list[str]:
         """What succeeded through the endpoint between ``t1`` and ``t2``: probe acquires and
-        writes attempted after ``t1`` and answered before ``t2``, runs begun and exec
-        children started more than ``grace`` after ``t1`` (their claim or acquire may have
-        been answered just before it) and before ``t2``."""
+        writes attempted after ``t1`` and answered before ``t2``, runs begun more than
+        ``grace`` and exec children started more than ``exec_grace`` after ``t1`` (their
+        claim or acquire may have been answered just before it) and before ``t2``."""
         done = [f"acquire {p}" for p in self.probes if "token" in p and t1 <= p["t0"] < p["t"] < t2]
         done += [f"write {w}" for w in self.writes if t1 <= w["t0"] < w["t"] < t2]
         done += [
@@ -331,7 +331,7 @@ class Workload:
             for r in self.sched_lines()
             if r["ph"] == "begin" and t1 + grace < r["t"] < t2
         ]
-        done += [f"exec child {e}" for e in self.exec_lines() if t1 + grace < e["t"] < t2]
+        done += [f"exec child {e}" for e in self.exec_lines() if t1 + exec_grace < e["t"] < t2]
         return done
 
     def cut_outcomes(self, t1: float, t2: float) -> str:
