@@ -10,7 +10,10 @@ ends the wait and the body never runs.
 
 **Slow bodies do not hold every slot.** A job whose last body on this worker ran
 :data:`LONG_BODY` or more, or used :data:`LONG_BODY_CPU` of CPU, is *long*; one whose last body
-here was shorter is *quick*; one this worker has not run yet is *new*. While the worker also
+here was shorter is *quick*; one this worker has not run yet is *new*, unless another job of
+the same function has (a function's jobs for many tenants or many runtime schedules of one
+task are mostly alike): it is then long or quick as that function's last body here was, until
+its own first body here says. While the worker also
 runs quick bodies (one ended in the last :data:`QUICK_RECENT` seconds), long bodies hold at
 most :attr:`BodyLimit.long_cap` slots (three quarters, rounded up: 6 of the default 8), and
 long and new bodies together at most :attr:`BodyLimit.new_cap` (half of the other slots
@@ -20,7 +23,8 @@ and every other job on the worker waits behind them; with it, slow jobs delay th
 by no more than their share of the slots. New jobs have a share of their own because the
 worker learns a job's length from its own runs (and, as it starts, from how long each job ran
 lately, :meth:`BodyLimit.seed`: after a restart its jobs are long or quick from their first
-run): on several workers of a fresh fleet each slow job is new to each worker for a while,
+run, and from the first body of each function): on several workers of a fresh fleet each slow
+job was new to each worker for a while,
 and two new jobs that turned out slow took both slots kept for quick ones (bench/README.md,
 "Eleventh pass"). A worker that runs no quick bodies keeps no slot back. A long or new run
 over its share waits in a line of its own, behind which quick runs pass; new runs go before
@@ -33,6 +37,7 @@ import asyncio
 import collections
 import threading
 import time
+from collections.abc import Mapping
 
 #: A body that ran this many seconds makes its job long (``long_cap`` applies to it).
 LONG_BODY = 1.0
@@ -45,16 +50,22 @@ LONG_BODY_CPU = 0.02
 QUICK_RECENT = 10.0
 
 
+#: What jobs of one function have in common here: the function's ``id()`` (the app keeps
+#: its job and task functions alive while a worker runs them).
+Family = int | None
+
+
 class Slot:
     """A body slot taken for one run: returned to :meth:`BodyLimit.release`. ``long``: its job
-    is long here; ``new``: its job has not run here yet."""
+    is long here; ``new``: nothing is known of its job here yet; ``family``: its function's."""
 
-    __slots__ = ("began", "job_key", "long", "new")
+    __slots__ = ("began", "family", "job_key", "long", "new")
 
-    def __init__(self, job_key: str, long: bool, new: bool = False) -> None:
+    def __init__(self, job_key: str, long: bool, new: bool = False, family: Family = None) -> None:
         self.job_key = job_key
         self.long = long
         self.new = new
+        self.family = family
         self.began = time.monotonic()
 
 
@@ -81,6 +92,7 @@ class BodyLimit:
         self._new = 0  # slots held by bodies of new jobs
         self._long_jobs: set[str] = set()  # jobs whose last body here was long
         self._quick_jobs: set[str] = set()  # jobs whose last body here was quick
+        self._families: dict[int, bool] = {}  # whether a function's last body here was long
         self._quick_at = -QUICK_RECENT  # when a quick body last ended (monotonic)
         self._waiters: Line = collections.deque()
         self._new_waiters: Line = collections.deque()
@@ -110,18 +122,22 @@ class BodyLimit:
         return any(line and now - line[0][1].began >= seconds
                    for line in (self._waiters, self._new_waiters))  # fmt: skip
 
-    def seed(self, lengths: dict[str, float]) -> None:
+    def seed(
+        self, lengths: Mapping[str, float], families: Mapping[str, Family] | None = None
+    ) -> None:
         """What the history says of jobs not run here yet (``lengths``: seconds, from
         ``sched_body_lengths``): long or quick by the same :data:`LONG_BODY` as a body run
         here, and the slots kept for quick bodies from now on if any is quick. Without it a
         worker that starts knows none of its jobs: their first runs wait in one line, and
         quick ones queued behind slow ones waited up to 18 s (bench/README.md, "Fourteenth
-        pass"). A job's runs here relearn it."""
+        pass"). A job's runs here relearn it. ``families``: the jobs' functions, which learn
+        from them as from a body run here."""
         now = time.monotonic()
         with self._lock:
             for job_key, took in lengths.items():
                 if self.is_new(job_key):
-                    self._learn(job_key, took >= LONG_BODY, now)
+                    family = None if families is None else families.get(job_key)
+                    self._learn(job_key, took >= LONG_BODY, now, family)
 
     def is_new(self, job_key: str) -> bool:
         return job_key not in self._long_jobs and job_key not in self._quick_jobs
@@ -144,18 +160,23 @@ class BodyLimit:
         slot that frees, and jobs that need a claim wait unseen."""
         return self._wanted and time.monotonic() - self._wanted_since >= seconds
 
-    def _slot(self, job_key: str) -> tuple[Slot, Line]:
-        """An untaken slot for ``job_key``'s body, and the line its kind waits in."""
+    def _slot(self, job_key: str, family: Family) -> tuple[Slot, Line]:
+        """An untaken slot for ``job_key``'s body (of function ``family``), and the line its
+        kind waits in."""
         if job_key in self._long_jobs:
-            return Slot(job_key, True), self._long_waiters
-        if job_key in self._quick_jobs:
-            return Slot(job_key, False), self._waiters
-        return Slot(job_key, False, True), self._new_waiters
+            long: bool | None = True
+        elif job_key in self._quick_jobs:
+            long = False
+        else:  # new here: as its function's last body here, if one ran
+            long = None if family is None else self._families.get(family)
+        if long is None:
+            return Slot(job_key, False, True, family), self._new_waiters
+        return Slot(job_key, long, False, family), self._long_waiters if long else self._waiters
 
-    def take(self, job_key: str) -> Slot | None:
-        """A slot for ``job_key``'s body if one is free and no run of its kind waits for one
-        (event loop only)."""
-        slot, line = self._slot(job_key)
+    def take(self, job_key: str, family: Family = None) -> Slot | None:
+        """A slot for ``job_key``'s body (of function ``family``) if one is free and no run of
+        its kind waits for one (event loop only)."""
+        slot, line = self._slot(job_key, family)
         if self.closed or line:
             return None
         with self._lock:
@@ -164,13 +185,13 @@ class BodyLimit:
                 return slot
         return None
 
-    def wait(self, job_key: str) -> asyncio.Future[Slot]:
+    def wait(self, job_key: str, family: Family = None) -> asyncio.Future[Slot]:
         """A future done with a slot taken for the caller (cancelled by :meth:`close`)."""
         future: asyncio.Future[Slot] = asyncio.get_running_loop().create_future()
         if self.closed:
             future.cancel()
             return future
-        slot, line = self._slot(job_key)
+        slot, line = self._slot(job_key, family)
         line.append((future, slot))
         return future
 
@@ -197,11 +218,13 @@ class BodyLimit:
             self._new -= slot.new
             if learn:
                 long = took >= LONG_BODY or (cpu is not None and cpu >= LONG_BODY_CPU)
-                self._learn(slot.job_key, long, now)
+                self._learn(slot.job_key, long, now, slot.family)
 
-    def _learn(self, job_key: str, long: bool, now: float) -> None:
-        """``job_key`` is long or quick here from now on (under the lock); a quick one keeps
-        the slots for quick bodies."""
+    def _learn(self, job_key: str, long: bool, now: float, family: Family = None) -> None:
+        """``job_key`` (and its function's jobs not run here yet) is long or quick here from
+        now on (under the lock); a quick one keeps the slots for quick bodies."""
+        if family is not None:
+            self._families[family] = long
         if long:
             self._long_jobs.add(job_key)
             self._quick_jobs.discard(job_key)

@@ -143,7 +143,7 @@ async def _execute(
     slot: Slot | None = None
     try:
         kept = False
-        slot = limit.take(key)
+        slot = limit.take(key, id(run.spec.fn))
         if slot is None:
             kept, slot = await _wait_for_slot(run, limit)
             began = loop.time()
@@ -234,7 +234,7 @@ async def _wait_for_slot(run: Run, limit: BodyLimit) -> tuple[bool, Slot]:
     wait by raising CancelledError: the body never runs."""
     loop = asyncio.get_running_loop()
     lease = run.lease
-    waiting = limit.wait(run.ident.job_key)
+    waiting = limit.wait(run.ident.job_key, id(run.spec.fn))
     run.body = waiting  # a stopping worker cancels it as it would a body
     lease.on_lost(lambda _lease: waiting.cancel())
     kept: list[bool] = []

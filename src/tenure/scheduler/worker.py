@@ -335,7 +335,8 @@ class Worker:
         except TenureError as exc:
             log.warning("reading how long the jobs ran lately failed (learned from runs): %s", exc)
             return
-        self.limit.seed({row.job_key: row.took for row in rows})
+        families = {key: id(spec.fn) for key, spec in self.specs.items()}
+        self.limit.seed({row.job_key: row.took for row in rows}, families)
 
     # -- running ----------------------------------------------------------------------------
 
