@@ -28,7 +28,7 @@ from functools import partial
 from typing import Any
 
 from .. import tracing
-from ..errors import LeaseLost, StaleTokenError
+from ..errors import LeaseLost, StaleTokenError, TenureError
 from ..leases._async.lease import AsyncLease
 from .bodies import BodyLimit, Slot
 from .claim import RunIdentity, run_fields
@@ -150,6 +150,13 @@ async def _execute(
             if waited is not None:
                 waited(run, began - run.launched)
         holding = True
+        if not kept and lease.deadline_in < lease.ttl / 3:
+            # The claim (or start) was answered late, with less than a third of its lease
+            # left: renewed before the body begins, or the body never begins. Begun on what
+            # was left (9.7 ms once, after a failover), the lease was lost locally while the
+            # body ran and committed its fenced writes (the database's lease was live), and
+            # the slot ran again (docs/safety.md, "A claim answered late").
+            await _renew_before_body(lease)
         if run.spec.isolation == "process":
             # The body runs in a child process; cancelling this future stops the child.
             info = ctx._client.conninfo  # as connected (else: the same resolution)
@@ -259,6 +266,19 @@ async def _wait_for_slot(run: Run, limit: BodyLimit) -> tuple[bool, Slot]:
         limit.grant()
         raise asyncio.CancelledError
     return bool(kept), slot
+
+
+async def _renew_before_body(lease: AsyncLease) -> None:
+    """Renew ``lease`` before a body begins on it; :class:`LeaseLost` if refused, or if the
+    database cannot be asked (the little that is left of the lease is no time to run in)."""
+    try:
+        await lease.renew()
+    except LeaseLost:
+        raise
+    except TenureError as exc:
+        raise LeaseLost(
+            lease.job_key, lease.token, f"its renewal before the body began failed: {exc}"
+        ) from exc
 
 
 def _keep(lease: AsyncLease, body: asyncio.Future[Any], cancel_body: bool) -> None:
