@@ -333,15 +333,15 @@ def test_jobs_kept_for_their_next_runs_do_not_shut_out_a_job_that_needs_a_claim(
 def test_a_worker_that_starts_knows_its_slow_and_quick_jobs_from_their_history(
     dsn: str, schema: str, tmp_path: Path
 ) -> None:
-    # 24 jobs sleeping 2 s and 40 quick ones, every second, on the default 8 body slots. A
-    # first worker runs each of them; a second one starts after it stopped. The quick jobs'
-    # first runs on the second worker must begin on time. (Before: every job was new to the
-    # second worker, their first runs waited in one line, and quick ones queued behind the
-    # sleepers' first runs began seconds late: a fresh fleet still does, bench/README.md's
-    # fourteenth pass; a restarted one reads the history.)
+    # 24 jobs sleeping 2 s and 40 quick ones, every second, on the default 8 body slots, each
+    # with a function of its own (nothing is learnt of a job from another). A first worker
+    # runs each of them; a second one starts after it stopped. The quick jobs' first runs on
+    # the second worker must begin on time. (Before: every job was new to the second worker,
+    # their first runs waited in one line, and quick ones queued behind the sleepers' first
+    # runs began seconds late; a restarted worker reads the history.)
     prepare(dsn, schema)
     env = tenure_env(dsn, schema, SCHED_SLOW="2", SCHED_SLEEPERS="24", SCHED_QUICK="40",
-                     SCHED_PROBE="0")  # fmt: skip
+                     SCHED_PROBE="0", SCHED_OWN_FUNCTIONS="1")  # fmt: skip
     args = ["--shutdown-grace", "5s"]
     first = WorkerProcess("crowded", env, tmp_path / "first.log", args=args)
     try:
@@ -355,20 +355,11 @@ def test_a_worker_that_starts_knows_its_slow_and_quick_jobs_from_their_history(
         assert first.wait() == 0, first.log()
     finally:
         first.stop()
-    second = WorkerProcess("crowded", env, tmp_path / "second.log", args=args)
-    try:
-        second.wait_started()
-        wait_for(lambda: len(_quick_lateness(dsn, schema, second.pid)) >= 200, timeout=30,
-                 what="the quick jobs' runs on the second worker")  # fmt: skip
-        second.signal(signal.SIGTERM)
-        second.wait()
-    finally:
-        second.stop()
-    late = _quick_lateness(dsn, schema, second.pid)
+    late, log = _quick_runs_late(dsn, schema, env, tmp_path / "second.log", 200)
     # Their first five seconds of slots: each body began within half a second of its slot
     # (on the earlier code, the quick jobs behind the sleepers' first runs began up to 7 s
     # late).
-    assert max(late[:200]) < 0.5, (sorted(late)[-10:], second.log())
+    assert max(late[:200]) < 0.5, (sorted(late)[-10:], log)
 
 
 def test_a_fresh_worker_knows_a_job_it_has_not_run_by_its_function_once_another_ran(
@@ -384,20 +375,28 @@ def test_a_fresh_worker_knows_a_job_it_has_not_run_by_its_function_once_another_
     prepare(dsn, schema)
     env = tenure_env(dsn, schema, SCHED_SLOW="2", SCHED_SLEEPERS="24", SCHED_QUICK="40",
                      SCHED_PROBE="0")  # fmt: skip
-    w = WorkerProcess("crowded", env, tmp_path / "worker.log", args=["--shutdown-grace", "5s"])
+    late, log = _quick_runs_late(dsn, schema, env, tmp_path / "worker.log", 400)
+    # Their first ten seconds of slots: each body began within half a second of its slot, the
+    # first ones too (once one quick body ended, the others were quick; on the earlier code,
+    # the quick jobs' first runs began up to 5.3 s late).
+    assert max(late[:400]) < 0.5, (sorted(late[:400])[-10:], log)
+
+
+def _quick_runs_late(
+    dsn: str, schema: str, env: dict[str, str], log: Path, runs: int
+) -> tuple[list[float], str]:
+    """Start a crowded worker, stop it once its quick jobs have ``runs`` runs; returns their
+    lateness (:func:`_quick_lateness`) and the worker's log."""
+    w = WorkerProcess("crowded", env, log, args=["--shutdown-grace", "5s"])
     try:
         w.wait_started()
-        wait_for(lambda: len(_quick_lateness(dsn, schema, w.pid)) >= 400, timeout=40,
-                 what="ten seconds of the quick jobs' slots")  # fmt: skip
+        wait_for(lambda: len(_quick_lateness(dsn, schema, w.pid)) >= runs, timeout=40,
+                 what=f"{runs} runs of the quick jobs")  # fmt: skip
         w.signal(signal.SIGTERM)
         w.wait()
     finally:
         w.stop()
-    late = _quick_lateness(dsn, schema, w.pid)
-    # Their first ten seconds of slots: each body began within half a second of its slot, the
-    # first ones too (once one quick body ended, the others were quick; on the earlier code,
-    # the quick jobs' first runs began up to 5.3 s late).
-    assert max(late[:400]) < 0.5, (sorted(late[:400])[-10:], w.log())
+    return _quick_lateness(dsn, schema, w.pid), w.log()
 
 
 def _quick_lateness(dsn: str, schema: str, pid: int) -> list[float]:

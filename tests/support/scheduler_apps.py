@@ -21,6 +21,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -450,7 +451,7 @@ async def blocks_loop(ctx: tenure.JobContext) -> None:
 # SCHED_SLEEPERS (8: as many as the default 8 body slots) jobs whose sync bodies sleep
 # SCHED_SLOW seconds, one quick ``probe`` that records when its body began (none with
 # SCHED_PROBE=0; SCHED_QUICK more like it), and two slow ``newcomer`` jobs that run only
-# when triggered.
+# when triggered. SCHED_OWN_FUNCTIONS=1: each sleeper and quick job has a function of its own.
 
 crowded = tenure.Scheduler(name="crowded")
 
@@ -459,8 +460,20 @@ def _sleeper(ctx: tenure.JobContext) -> None:
     time.sleep(float(os.environ.get("SCHED_SLOW", "4")))
 
 
+def _own(fn: Callable[[tenure.JobContext], None]) -> Callable[[tenure.JobContext], None]:
+    """``fn``, or with SCHED_OWN_FUNCTIONS=1 a function of its own that calls it: a worker
+    then learns nothing of a job from the other jobs of its function (bodies.py)."""
+    if os.environ.get("SCHED_OWN_FUNCTIONS") != "1":
+        return fn
+
+    def own(ctx: tenure.JobContext) -> None:
+        fn(ctx)
+
+    return own
+
+
 for _i in range(int(os.environ.get("SCHED_SLEEPERS", "8"))):
-    crowded.add_job(f"sleeper-{_i}", _sleeper, every="1s", ttl="10s")
+    crowded.add_job(f"sleeper-{_i}", _own(_sleeper), every="1s", ttl="10s")
 
 
 def _probe(ctx: tenure.JobContext) -> None:
@@ -472,7 +485,7 @@ if os.environ.get("SCHED_PROBE", "1") != "0":
 
 # SCHED_QUICK (0) more quick jobs like the probe, ``quick-<i>``.
 for _i in range(int(os.environ.get("SCHED_QUICK", "0"))):
-    crowded.add_job(f"quick-{_i}", _probe, every="1s", ttl="5s")
+    crowded.add_job(f"quick-{_i}", _own(_probe), every="1s", ttl="5s")
 
 
 # Two slow jobs the worker has not run yet when a test triggers them: they sleep

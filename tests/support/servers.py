@@ -59,11 +59,21 @@ class ServerError(RuntimeError):
     """A throwaway server or bouncer did not start or stop; the message has its log tail."""
 
 
+#: Ports :func:`free_port` handed out in this process.
+_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A port free on 127.0.0.1 now, never one this process was given before: a caller that
+    asks for several before binding any (a Patroni member's PostgreSQL and REST API ports)
+    once got the same port twice from the kernel, and that member could not start."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port: int = sock.getsockname()[1]
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
 
 
 def pg_bindir() -> Path | None:
