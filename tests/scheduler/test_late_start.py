@@ -27,65 +27,78 @@ import psycopg
 from psycopg import sql
 
 import tenure
-from tenure.leases._async.client import default_margin
+from tenure.leases._async.client import AsyncClient, default_margin
 from tenure.leases._async.lease import AsyncLease
 from tenure.leases.models import Grant
 from tenure.scheduler.bodies import BodyLimit
 from tenure.scheduler.claim import RunIdentity
 from tenure.scheduler.context import JobContext
 from tenure.scheduler.execution import Run, execute
+from tenure.scheduler.spec import JobSpec
 
 TTL = 3.0
 LEFT = 0.05  # seconds of the lease left when the claim's answer came
 HELD = 0.3  # seconds the renewal waits behind the test's row lock
 
 
+def _run(client: AsyncClient, spec: JobSpec, taken: AsyncLease, sent_at: float) -> Run:
+    """The run of ``taken``'s token as worker._launch builds it from a claim sent at
+    ``sent_at`` (monotonic): its lease's local deadline counts from then."""
+    ttl = spec.ttl
+    lease = AsyncLease(
+        client,
+        taken.job_key,
+        taken.owner,
+        Grant(taken.token, taken.expires_at),
+        ttl=ttl,
+        safety_margin=default_margin(ttl),
+        sent_at=sent_at,
+    )
+    slot = dt.datetime.now(dt.UTC)
+    ctx = JobContext(
+        job_key=taken.job_key,
+        token=taken.token,
+        slot=slot,
+        kind="scheduled",
+        attempt=1,
+        lease=lease,
+        client=client,
+        worker_id="test",
+    )
+    lease.on_lost(lambda lost: ctx._stop(lost.lost_reason or "the lease is lost"))
+    ident = RunIdentity(taken.job_key, taken.token, taken.owner, slot, "scheduled", 1, slot)
+    return Run(spec, ident, ctx, lease, time.monotonic())
+
+
+def _job(ttl: float, began: list[float], sleep: float) -> JobSpec:
+    """A job whose body notes how much of its lease was left as it began, then sleeps."""
+
+    def body(ctx: tenure.JobContext) -> None:
+        began.append(ctx.lease.deadline_in)
+        time.sleep(sleep)
+
+    app = tenure.Scheduler()
+    app.add_job("late", body, every="1s", ttl=f"{ttl:g}s")
+    return app.jobs["late"]
+
+
 def test_a_run_claimed_just_before_its_local_deadline_renews_before_its_body_begins(
     dsn: str, schema: str
 ) -> None:
     began: list[float] = []
-
-    def body(ctx: tenure.JobContext) -> None:
-        began.append(ctx.lease.deadline_in)
-        time.sleep(0.2)  # longer than what was left of the lease when the claim came back
-
-    app = tenure.Scheduler()
-    app.add_job("late", body, every="1s", ttl=f"{TTL:g}s")
-    spec = app.jobs["late"]
+    # Its body runs longer than what was left of the lease when the claim came back.
+    spec = _job(TTL, began, 0.2)
 
     async def main() -> tuple[str, str | None]:
         async with await tenure.connect_async(dsn, schema=schema, migrate=True) as client:
             taken = await client.acquire("late", ttl=TTL)
             assert taken is not None
             margin = default_margin(TTL)
-            # The run's lease as worker._launch builds it from a claim sent TTL - margin -
-            # LEFT seconds ago.
-            lease = AsyncLease(
-                client,
-                "late",
-                taken.owner,
-                Grant(taken.token, taken.expires_at),
-                ttl=TTL,
-                safety_margin=margin,
-                sent_at=time.monotonic() - (TTL - margin) + LEFT,
-            )
-            slot = dt.datetime.now(dt.UTC)
-            ctx = JobContext(
-                job_key="late",
-                token=taken.token,
-                slot=slot,
-                kind="scheduled",
-                attempt=1,
-                lease=lease,
-                client=client,
-                worker_id="test",
-            )
-            lease.on_lost(lambda lost: ctx._stop(lost.lost_reason or "the lease is lost"))
-            ident = RunIdentity("late", taken.token, taken.owner, slot, "scheduled", 1, slot)
-            run = Run(spec, ident, ctx, lease, time.monotonic())
+            # Its claim was sent TTL - margin - LEFT seconds ago.
+            run = _run(client, spec, taken, time.monotonic() - (TTL - margin) + LEFT)
             with _lease_row_locked(dsn, schema, "late", HELD):
                 outcome, error, _took = await execute(run, BodyLimit(8, asyncio.Event()))
-            await lease.stop_keeping()
+            await run.lease.stop_keeping()
             return outcome, error
 
     outcome, error = asyncio.run(main())
@@ -94,6 +107,43 @@ def test_a_run_claimed_just_before_its_local_deadline_renews_before_its_body_beg
     # although its body had run: its slot was retried.)
     assert began and began[0] > TTL / 3, began
     assert (outcome, error) == ("succeeded", None)
+
+
+WAIT_TTL = 6.0
+
+
+def test_a_run_whose_renewals_failed_while_it_waited_for_a_body_slot_does_not_begin(
+    dsn: str, schema: str
+) -> None:
+    # The worker's one body slot is busy; the run waits for it, its lease renewed from ttl/3
+    # on. Its renewals wait behind a row lock and fail (lock_timeout) until the slot frees
+    # with less than a third of the lease left. A renewal failure means: start no new work.
+    # (Before: the body began on what was left, 0.8 s, and the lease was lost while it ran.)
+    began: list[float] = []
+    spec = _job(WAIT_TTL, began, 1.5)
+
+    async def main() -> tuple[str, str | None]:
+        async with await tenure.connect_async(dsn, schema=schema, migrate=True) as client:
+            taken = await client.acquire("late", ttl=WAIT_TTL)
+            assert taken is not None
+            run = _run(client, spec, taken, time.monotonic())
+            limit = BodyLimit(1, asyncio.Event())
+            busy = limit.take("another")
+            assert busy is not None
+            with _lease_row_locked(dsn, schema, "late", 7.5):
+                task = asyncio.create_task(execute(run, limit))
+                margin = default_margin(WAIT_TTL)
+                await asyncio.sleep(WAIT_TTL - margin - 0.8)  # 0.8 s of the lease left
+                assert not run.lease.lost and not task.done()
+                limit.release(busy)
+                limit.grant()
+                outcome, error, _took = await task
+            await run.lease.stop_keeping()
+            return outcome, error
+
+    outcome, error = asyncio.run(main())
+    assert not began, began
+    assert outcome == "lease_lost", (outcome, error)
 
 
 @contextlib.contextmanager

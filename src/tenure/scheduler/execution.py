@@ -150,12 +150,13 @@ async def _execute(
             if waited is not None:
                 waited(run, began - run.launched)
         holding = True
-        if not kept and lease.deadline_in < lease.ttl / 3:
-            # The claim (or start) was answered late, with less than a third of its lease
-            # left: renewed before the body begins, or the body never begins. Begun on what
-            # was left (9.7 ms once, after a failover), the lease was lost locally while the
-            # body ran and committed its fenced writes (the database's lease was live), and
-            # the slot ran again (docs/safety.md, "A claim answered late").
+        if lease.deadline_in < lease.ttl / 3:
+            # Less than a third of the lease left as the body is about to begin: the claim (or
+            # start) was answered late, or the renewals failed while the run waited for its
+            # slot. Renewed first, or the body never begins. Begun on what was left (9.7 ms
+            # once, after a failover), the lease was lost locally while the body ran and
+            # committed its fenced writes (the database's lease was live), and the slot ran
+            # again (docs/safety.md, "A claim answered late").
             await _renew_before_body(lease)
         if run.spec.isolation == "process":
             # The body runs in a child process; cancelling this future stops the child.
