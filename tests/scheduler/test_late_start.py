@@ -41,17 +41,22 @@ LEFT = 0.05  # seconds of the lease left when the claim's answer came
 HELD = 0.3  # seconds the renewal waits behind the test's row lock
 
 
-def _run(client: AsyncClient, spec: JobSpec, taken: AsyncLease, sent_at: float) -> Run:
-    """The run of ``taken``'s token as worker._launch builds it from a claim sent at
-    ``sent_at`` (monotonic): its lease's local deadline counts from then."""
+async def _claimed(client: AsyncClient, spec: JobSpec, left: float | None = None) -> Run:
+    """A run of ``spec``'s job under a lease taken now, as worker._launch builds it from a
+    claim whose answer came with ``left`` seconds of the lease left (None: at once): its
+    local deadline counts from when the claim was sent."""
     ttl = spec.ttl
+    taken = await client.acquire(spec.key, ttl=ttl)
+    assert taken is not None
+    margin = default_margin(ttl)
+    sent_at = time.monotonic() - (0.0 if left is None else ttl - margin - left)
     lease = AsyncLease(
         client,
         taken.job_key,
         taken.owner,
         Grant(taken.token, taken.expires_at),
         ttl=ttl,
-        safety_margin=default_margin(ttl),
+        safety_margin=margin,
         sent_at=sent_at,
     )
     slot = dt.datetime.now(dt.UTC)
@@ -91,11 +96,7 @@ def test_a_run_claimed_just_before_its_local_deadline_renews_before_its_body_beg
 
     async def main() -> tuple[str, str | None]:
         async with await tenure.connect_async(dsn, schema=schema, migrate=True) as client:
-            taken = await client.acquire("late", ttl=TTL)
-            assert taken is not None
-            margin = default_margin(TTL)
-            # Its claim was sent TTL - margin - LEFT seconds ago.
-            run = _run(client, spec, taken, time.monotonic() - (TTL - margin) + LEFT)
+            run = await _claimed(client, spec, LEFT)
             with _lease_row_locked(dsn, schema, "late", HELD):
                 outcome, error, _took = await execute(run, BodyLimit(8, asyncio.Event()))
             await run.lease.stop_keeping()
@@ -124,9 +125,7 @@ def test_a_run_whose_renewals_failed_while_it_waited_for_a_body_slot_does_not_be
 
     async def main() -> tuple[str, str | None]:
         async with await tenure.connect_async(dsn, schema=schema, migrate=True) as client:
-            taken = await client.acquire("late", ttl=WAIT_TTL)
-            assert taken is not None
-            run = _run(client, spec, taken, time.monotonic())
+            run = await _claimed(client, spec)
             limit = BodyLimit(1, asyncio.Event())
             busy = limit.take("another")
             assert busy is not None

@@ -24,11 +24,10 @@ by no more than their share of the slots. New jobs have a share of their own bec
 worker learns a job's length from its own runs (and, as it starts, from how long each job ran
 lately, :meth:`BodyLimit.seed`: after a restart its jobs are long or quick from their first
 run, and from the first body of each function): on several workers of a fresh fleet each slow
-job was new to each worker for a while,
-and two new jobs that turned out slow took both slots kept for quick ones (bench/README.md,
-"Eleventh pass"). A worker that runs no quick bodies keeps no slot back. A long or new run
-over its share waits in a line of its own, behind which quick runs pass; new runs go before
-long ones.
+job was new to each worker for a while, and two new jobs that turned out slow took both slots
+kept for quick ones (bench/README.md, "Eleventh pass"). A worker that runs no quick bodies
+keeps no slot back. A long or new run over its share waits in a line of its own, behind which
+quick runs pass; new runs go before long ones.
 """
 
 from __future__ import annotations
