@@ -17,7 +17,7 @@ import pytest
 import tenure
 from tenure.db.channels import channel
 from tenure.scheduler import jobs as ops
-from tenure.scheduler.bodies import LONG_BODY_CPU, BodyLimit
+from tenure.scheduler.bodies import LONG_BODY, LONG_BODY_CPU, BodyLimit
 from tests.support.env import tenure_env
 from tests.support.scheduler_apps import gated_app
 from tests.support.scheduler_support import WorkerProcess, prepare, query, wait_for
@@ -558,6 +558,66 @@ def test_a_job_not_run_here_yet_starts_as_its_function_last_ran_here() -> None:
         # A slot is free and the new jobs' share has room, but not the long jobs' share.
         assert limit.busy == 6 and limit.take("quick-2", quick) is None
         assert limit.take("other-1", other) is not None  # its function's job ran quick
+        limit.close()
+
+    asyncio.run(main())
+
+
+def test_a_fresh_worker_leaves_a_slot_to_other_functions_until_one_says_what_it_is() -> None:
+    async def main() -> None:
+        limit = BodyLimit(8, asyncio.Event())
+        slow, quick = 201, 202  # two functions' families
+        # Nothing is known here yet and the first runs claimed are all of one function (CI
+        # once gave a fresh worker 24 sleepers' first runs before 40 quick jobs': the quick
+        # ones began 2 s late). A function none of whose bodies ended here takes at most
+        # new_cap slots (7 of 8); its other runs wait aside.
+        sleepers = [limit.take(f"slow-{i}", slow) for i in range(7)]
+        assert all(s is not None and s.new for s in sleepers) and limit.busy == 7
+        assert limit.take("slow-7", slow) is None
+        held = [limit.wait(f"slow-{i}", slow) for i in range(7, 10)]
+        # Another function's run claimed after them takes the last slot at once.
+        first = limit.take("quick-0", quick)
+        assert first is not None and limit.busy == 8
+        queued = [limit.wait(f"quick-{i}", quick) for i in range(1, 4)]  # every slot busy
+        # Its body ends quick: its function's runs, queued while it was unknown, go on
+        # before the held ones.
+        limit.release(first)
+        limit.grant()
+        assert queued[0].done() and not queued[1].done()
+        assert not any(h.done() for h in held)
+        for i, run in enumerate(queued):
+            limit.release(run.result())
+            limit.grant()
+            assert all(q.done() for q in queued[: i + 2])
+        assert not any(h.done() for h in held) and limit.busy == 7
+        # The sleepers run on: LONG_BODY into their bodies, their function is long before
+        # any of them returns. Its held runs wait in the long line, within its share.
+        await asyncio.sleep(LONG_BODY + 0.2)
+        assert not any(h.done() for h in held)  # the new (7) and long share is full
+        ended = sleepers[0]
+        assert ended is not None
+        limit.release(ended)  # ran over a second: long
+        limit.grant()
+        assert held[0].done() and not held[0].result().new and held[0].result().long
+        assert not held[1].done() and limit.busy == 7
+        limit.close()
+
+    asyncio.run(main())
+
+
+def test_one_function_alone_on_a_fresh_worker_gets_every_slot_a_body_length_on() -> None:
+    async def main() -> None:
+        limit = BodyLimit(8, asyncio.Event())
+        # Only one function's runs: its first seven bodies run, the eighth waits aside for
+        # another function's run that may come. LONG_BODY into the first bodies, none has
+        # returned: the function is long, and with no quick body here it takes every slot.
+        sleepers = [limit.take(f"slow-{i}", 301) for i in range(7)]
+        assert all(sleepers) and limit.take("slow-7", 301) is None
+        eighth = limit.wait("slow-7", 301)
+        await asyncio.sleep(LONG_BODY / 2)
+        assert not eighth.done()
+        await asyncio.sleep(LONG_BODY / 2 + 0.2)
+        assert eighth.done() and limit.busy == 8
         limit.close()
 
     asyncio.run(main())

@@ -11,29 +11,40 @@ ends the wait and the body never runs.
 **Slow bodies do not hold every slot.** A job whose last body on this worker ran
 :data:`LONG_BODY` or more, or used :data:`LONG_BODY_CPU` of CPU, is *long*; one whose last body
 here was shorter is *quick*; one this worker has not run yet is *new*, unless another job of
-the same function has (a function's jobs for many tenants or many runtime schedules of one
-task are mostly alike): it is then long or quick as that function's last body here was, until
-its own first body here says. While the worker also
-runs quick bodies (one ended in the last :data:`QUICK_RECENT` seconds), long bodies hold at
-most :attr:`BodyLimit.long_cap` slots (three quarters, rounded up: 6 of the default 8), and
-long and new bodies together at most :attr:`BodyLimit.new_cap` (half of the other slots
-more, rounded down: 7 of 8), so the rest stay free for the quick ones. Without that, slow jobs
-whose demand exceeds the slots (ten jobs sleeping 2 s every second need 20) fill every slot
-and every other job on the worker waits behind them; with it, slow jobs delay the quick ones
-by no more than their share of the slots. New jobs have a share of their own because the
-worker learns a job's length from its own runs (and, as it starts, from how long each job ran
-lately, :meth:`BodyLimit.seed`: after a restart its jobs are long or quick from their first
-run, and from the first body of each function): on several workers of a fresh fleet each slow
-job was new to each worker for a while, and two new jobs that turned out slow took both slots
-kept for quick ones (bench/README.md, "Eleventh pass"). A worker that runs no quick bodies
-keeps no slot back. A long or new run over its share waits in a line of its own, behind which
-quick runs pass; new runs go before long ones.
+the same function has (a function's jobs for many tenants or many runtime schedules of one task
+are mostly alike): it is then long or quick as that function's last body here was, until its
+own first body here says. While the worker also runs quick bodies (one ended in the last
+:data:`QUICK_RECENT` seconds), long bodies hold at most :attr:`BodyLimit.long_cap` slots (three
+quarters, rounded up: 6 of the default 8), and long and new bodies together at most
+:attr:`BodyLimit.new_cap` (half of the other slots more, rounded down: 7 of 8), so the rest
+stay free for the quick ones. Without that, slow jobs whose demand exceeds the slots (ten jobs
+sleeping 2 s every second need 20) fill every slot and every other job on the worker waits
+behind them; with it, slow jobs delay the quick ones by no more than their share of the slots.
+New jobs have a share of their own because the worker learns a job's length from its own runs
+(and, as it starts, from how long each job ran lately, :meth:`BodyLimit.seed`: after a restart
+its jobs are long or quick from their first run, and from the first body of each function): on
+several workers of a fresh fleet each slow job was new to each worker for a while, and two new
+jobs that turned out slow took both slots kept for quick ones (bench/README.md, "Eleventh
+pass"). A worker that runs no quick bodies keeps no slot back. A long or new run over its share
+waits in a line of its own, behind which quick runs pass; new runs go before long ones.
+
+**A fresh worker does not give every slot to the first function it meets.** Before any body
+has ended here nothing is known, and the claim's order decides which runs begin first (CI
+once gave a fresh worker 24 sleepers' first runs before 40 quick jobs': the sleepers took all
+8 slots and two quick runs began 2 s late). So a function none of whose bodies has ended here
+runs at most ``new_cap`` bodies; its other runs wait aside (held) and the last slot goes to
+another function's run, whose quick body then tells the worker what its function is. A
+function is known when one of its bodies ends, or long once its first bodies have run
+:data:`LONG_BODY` without one ending: a worker that runs only one function leaves a slot
+idle for a second at most. Runs that waited as new go on to the quick or the long line
+(in the order they came) as soon as their function is known.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import heapq
 import threading
 import time
 from collections.abc import Mapping
@@ -92,10 +103,20 @@ class BodyLimit:
         self._long_jobs: set[str] = set()  # jobs whose last body here was long
         self._quick_jobs: set[str] = set()  # jobs whose last body here was quick
         self._families: dict[int, bool] = {}  # whether a function's last body here was long
+        # Bodies running of functions none of whose bodies ended here yet (the first ones of
+        # each function), since when they run without a pause (monotonic), and the runs of
+        # such functions waiting, by function (new line and held line together).
+        self._unknown: dict[int, int] = {}
+        self._unknown_since: dict[int, float] = {}
+        self._unknown_waiting: dict[int, int] = {}
+        # Functions whose waiting runs may have to be sorted again (a body of theirs ended, or
+        # they ran LONG_BODY): appended under the lock from any thread, read by :meth:`grant`.
+        self._recheck: list[int] = []
         self._quick_at = -QUICK_RECENT  # when a quick body last ended (monotonic)
         self._waiters: Line = collections.deque()
         self._new_waiters: Line = collections.deque()
         self._long_waiters: Line = collections.deque()
+        self._held: Line = collections.deque()  # new runs of a function at its cap
         self._wanted = False
         self._wanted_since = 0.0  # when the claim loop found no room (monotonic)
         self.closed = False
@@ -107,7 +128,8 @@ class BodyLimit:
     @property
     def waiting(self) -> int:
         """Runs waiting for a slot."""
-        return len(self._waiters) + len(self._new_waiters) + len(self._long_waiters)
+        lines = (self._waiters, self._new_waiters, self._long_waiters, self._held)
+        return sum(map(len, lines))
 
     def is_long(self, job_key: str) -> bool:
         return job_key in self._long_jobs
@@ -169,7 +191,8 @@ class BodyLimit:
         else:  # new here: as its function's last body here, if one ran
             long = None if family is None else self._families.get(family)
         if long is None:
-            return Slot(job_key, False, True, family), self._new_waiters
+            slot = Slot(job_key, False, True, family)
+            return slot, self._held if self._capped(slot) else self._new_waiters
         return Slot(job_key, long, False, family), self._long_waiters if long else self._waiters
 
     def take(self, job_key: str, family: Family = None) -> Slot | None:
@@ -192,15 +215,18 @@ class BodyLimit:
             return future
         slot, line = self._slot(job_key, family)
         line.append((future, slot))
+        if slot.new and family is not None:
+            self._unknown_waiting[family] = self._unknown_waiting.get(family, 0) + 1
         return future
 
     def forget(self, future: asyncio.Future[Slot]) -> None:
         """A waiter that stopped waiting (its lease was lost, the worker stops, its task was
         cancelled): out of the line, and the slot given on if one was taken for it."""
-        for line in (self._waiters, self._new_waiters, self._long_waiters):
+        for line in (self._waiters, self._new_waiters, self._long_waiters, self._held):
             for entry in line:
                 if entry[0] is future:
                     line.remove(entry)
+                    self._left_new(entry[1])
                     break
         if future.done() and not future.cancelled():
             self.release(future.result(), learn=False)  # granted as it was cancelled
@@ -215,14 +241,39 @@ class BodyLimit:
             self._busy -= 1
             self._long -= slot.long
             self._new -= slot.new
+            if slot.new and slot.family is not None:
+                self._uncount_unknown(slot.family)
             if learn:
                 long = took >= LONG_BODY or (cpu is not None and cpu >= LONG_BODY_CPU)
                 self._learn(slot.job_key, long, now, slot.family)
+
+    def _uncount_unknown(self, family: int) -> None:
+        """A first body of ``family`` ended (under the lock): its waiting runs may go on."""
+        left = self._unknown.get(family, 0) - 1
+        if left > 0:
+            self._unknown[family] = left
+        else:
+            self._unknown.pop(family, None)
+            self._unknown_since.pop(family, None)
+        self._recheck.append(family)
+
+    def _long_by_now(self, family: int, since: float) -> None:
+        """``LONG_BODY`` after the first bodies of ``family`` began, none has ended: the
+        function is long (timer, event loop), so its runs waiting aside need not wait for
+        one to end (a worker that runs only that function then takes every slot)."""
+        with self._lock:
+            if family in self._families or self._unknown_since.get(family) != since:
+                return
+            self._families[family] = True
+            self._recheck.append(family)
+        self.grant()
 
     def _learn(self, job_key: str, long: bool, now: float, family: Family = None) -> None:
         """``job_key`` (and its function's jobs not run here yet) is long or quick here from
         now on (under the lock); a quick one keeps the slots for quick bodies."""
         if family is not None:
+            if family not in self._families:
+                self._recheck.append(family)  # its runs waiting as new now know what it is
             self._families[family] = long
         if long:
             self._long_jobs.add(job_key)
@@ -232,10 +283,24 @@ class BodyLimit:
             self._quick_jobs.add(job_key)
             self._long_jobs.discard(job_key)
 
+    def _capped(self, slot: Slot) -> bool:
+        """Whether ``slot`` is a new run of a function none of whose bodies ended here yet
+        that runs ``new_cap`` bodies already: nothing says it is not slow, and its runs
+        claimed first must not take every slot from the other functions' (whose bodies may
+        be quick, and may tell so first)."""
+        family = slot.family
+        return (
+            slot.new
+            and family is not None
+            and family not in self._families
+            and self._unknown.get(family, 0) >= self.new_cap
+        )
+
     def _fits(self, slot: Slot) -> bool:
         """Whether ``slot``'s body may begin now (under the lock): a slot free and, for a long
-        or new job, its share not full. The shares apply while quick bodies run here."""
-        if self._busy >= self.limit:
+        or new job, its share not full. The shares apply while quick bodies run here; a
+        function's first bodies have a share of their own (:meth:`_capped`)."""
+        if self._busy >= self.limit or self._capped(slot):
             return False
         if not (slot.long or slot.new) or time.monotonic() - self._quick_at >= QUICK_RECENT:
             return True
@@ -244,13 +309,66 @@ class BodyLimit:
         )
 
     def _count(self, slot: Slot) -> None:
+        """``slot`` taken (under the lock, event loop)."""
         self._busy += 1
         self._long += slot.long
         self._new += slot.new
+        family = slot.family
+        if slot.new and family is not None:
+            running = self._unknown.get(family, 0)
+            self._unknown[family] = running + 1
+            if not running and family not in self._families:
+                since = time.monotonic()
+                self._unknown_since[family] = since
+                asyncio.get_running_loop().call_later(LONG_BODY, self._long_by_now, family, since)
+
+    def _left_new(self, slot: Slot) -> None:
+        """A new run left the new or the held line (event loop)."""
+        family = slot.family
+        if slot.new and family is not None:
+            left = self._unknown_waiting.get(family, 0) - 1
+            if left > 0:
+                self._unknown_waiting[family] = left
+            else:
+                self._unknown_waiting.pop(family, None)
+
+    def _regroup(self) -> None:
+        """Sort the new and held lines again (event loop): runs whose function is now known
+        join the long or the quick line, in the order they came; runs of a function whose
+        first bodies left room go back to the new line. Without it, quick runs queued while
+        their function was unknown waited behind the slow function's first runs."""
+        entries = sorted((*self._held, *self._new_waiters), key=lambda entry: entry[1].began)
+        self._held.clear()
+        self._new_waiters.clear()
+        quick: list[tuple[asyncio.Future[Slot], Slot]] = []
+        long: list[tuple[asyncio.Future[Slot], Slot]] = []
+        for entry in entries:
+            slot = entry[1]
+            known = None if slot.family is None else self._families.get(slot.family)
+            if known is None:
+                (self._held if self._capped(slot) else self._new_waiters).append(entry)
+                continue
+            self._left_new(slot)
+            slot.new, slot.long = False, known
+            (long if known else quick).append(entry)
+        if quick:
+            self._waiters = self._merged(self._waiters, quick)
+        if long:
+            self._long_waiters = self._merged(self._long_waiters, long)
+
+    @staticmethod
+    def _merged(line: Line, entries: list[tuple[asyncio.Future[Slot], Slot]]) -> Line:
+        """``line`` with ``entries`` (both in the order they came) in the order they came."""
+        return collections.deque(heapq.merge(line, entries, key=lambda entry: entry[1].began))
 
     def grant(self) -> None:
         """Hand free slots to waiting runs (event loop only): quick runs first, in order,
         then new ones, then long ones, each in order and within its share."""
+        if self._recheck:
+            with self._lock:
+                families, self._recheck = self._recheck, []
+            if any(family in self._unknown_waiting for family in families):
+                self._regroup()
         for line in (self._waiters, self._new_waiters, self._long_waiters):
             if line:
                 self._grant(line)
@@ -263,22 +381,29 @@ class BodyLimit:
             future, slot = waiters[0]
             if future.done():  # cancelled while waiting
                 waiters.popleft()
+                self._left_new(slot)
                 continue
             with self._lock:
+                if self._capped(slot):  # its function's first bodies are at their cap
+                    self._held.append(waiters.popleft())
+                    continue
                 if not self._fits(slot):
                     return
                 self._count(slot)
             waiters.popleft()
+            self._left_new(slot)
             slot.began = time.monotonic()
             future.set_result(slot)
 
     def close(self) -> None:
         """The worker stops: every wait ends (those runs are handed over, bodies not run)."""
         self.closed = True
-        lines = (self._waiters, self._new_waiters, self._long_waiters)
+        lines = (self._waiters, self._new_waiters, self._long_waiters, self._held)
         self._waiters = collections.deque()
         self._new_waiters = collections.deque()
         self._long_waiters = collections.deque()
+        self._held = collections.deque()
+        self._unknown_waiting.clear()
         for line in lines:
             for future, _slot in line:
                 future.cancel()
