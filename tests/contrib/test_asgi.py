@@ -7,7 +7,6 @@ import asyncio
 import json
 import logging
 import re
-import socket
 import subprocess
 import time
 import urllib.request
@@ -27,6 +26,7 @@ from ..support.examples import (
     start,
     stop,
 )
+from ..support.servers import free_port
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
@@ -89,12 +89,6 @@ def test_startup_fails_when_the_schema_is_not_migrated(dsn: str, schema: str) ->
         asyncio.run(scenario())
     # The way to do it where the worker is an app's lifespan, not a command.
     assert "Scheduler(migrate=True)" in str(refused.value)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.slow

@@ -50,6 +50,7 @@ from tests.observability.test_alerts import (
 from tests.support.env import ROOT, run_tenure, tenure_env
 from tests.support.fix_proxy import Proxy
 from tests.support.scheduler_support import query, wait_for
+from tests.support.servers import free_port
 
 # -- what the child processes run ----------------------------------------------------------
 
@@ -87,13 +88,6 @@ HANDLERS = {"obs-ok": _deliver_ok, "obs-bad": _deliver_bad}
 # -- helpers --------------------------------------------------------------------------------
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def get(port: int, path: str, timeout: float = 20) -> tuple[int, str]:

@@ -7,7 +7,6 @@ processes take the job over from each other run after run, and it is never quara
 from __future__ import annotations
 
 import re
-import socket
 import time
 import urllib.request
 from pathlib import Path
@@ -16,17 +15,11 @@ import pytest
 
 from tests.support.env import tenure_env
 from tests.support.scheduler_support import WorkerProcess, prepare, query
+from tests.support.servers import free_port
 
 pytestmark = pytest.mark.slow
 
 KEY = "blocks-loop"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def scrape(port: int) -> str:

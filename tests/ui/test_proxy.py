@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.servers import free_port
 from tests.support.ui import TOKEN, http, paused, register_job, ui_server
 from tests.ui.test_ui import basic, csrf_and_cookie
 
@@ -26,18 +27,12 @@ pytestmark = pytest.mark.skipif(
 PREFIX = "/ops/tenure"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def nginx(tmp: Path, upstream: str) -> Iterator[str]:
     """nginx in the foreground (no daemon, no service), proxying PREFIX/ to ``upstream``
     with the prefix stripped and the usual X-Forwarded-* headers; its base URL."""
     assert NGINX is not None
-    port = _free_port()
+    port = free_port()
     user = "user root;\n" if os.geteuid() == 0 else ""
     conf = tmp / "nginx.conf"
     conf.write_text(
