@@ -153,3 +153,62 @@ def test_a_run_whose_recorded_end_the_database_lost_is_not_run_again_by_its_work
         _stop_and_check_one_run(dsn, schema, w, settle=2 * TTL)
     finally:
         w.stop()
+
+
+def test_a_body_blind_to_its_lost_lease_that_returns_is_not_run_again_if_nobody_took_over(
+    dsn: str, schema: str, tmp_path: Path
+) -> None:
+    # A sync body writes (fenced), then sleeps without looking at its context while no
+    # renewal gets through for longer than its TTL (a row lock on its lease holds them), and
+    # returns once the database answers again. Nobody took the job over meanwhile (the
+    # worker's one body slot is busy, so it claims nothing), so the run's end stands: the
+    # finish's fence (the job's claim_token is still the run's) says no other run of the slot
+    # happened. Before, the run ended lease_lost and the worker ran the slot again under the
+    # next token, although its first run had done the work (at least once; docs/safety.md).
+    prepare(dsn, schema)
+    gated_app(dsn, schema).register()
+    gate = tmp_path / "gate"
+    env = tenure_env(dsn, schema, SCHED_GATE=str(gate), SCHED_GATE_BLIND="1")
+    w = WorkerProcess("gated", env, tmp_path / "worker.log", args=["--shutdown-grace", "1s"])
+    try:
+        w.wait_started()
+        with tenure.connect(dsn, schema=schema) as client:
+            ops.trigger(client, "gate-a", channel=channel("jobs", schema))
+        [(_phase, token)] = wait_for(lambda: _phases(dsn, schema), timeout=20,
+                                     what="the body to begin")  # fmt: skip
+        with psycopg.connect(dsn) as locker:
+            locker.execute(
+                sql.SQL("SELECT 1 FROM {}.job_leases WHERE job_key = 'gate-a' FOR UPDATE").format(
+                    sql.Identifier(schema)
+                )
+            )
+            wait_for(lambda: f"lease 'gate-a' token {token} lost" in w.log(), timeout=4 * TTL,
+                     what="the worker to count the lease lost")  # fmt: skip
+            time.sleep(TTL)  # the database's lease has expired too
+            locker.rollback()
+        gate.touch()  # the body returns
+        finished = wait_for(
+            lambda: query(
+                dsn, schema,
+                "SELECT token, outcome FROM {schema}.job_runs WHERE job_key = 'gate-a' "
+                "AND finished_at IS NOT NULL",
+            ),
+            timeout=20,
+            what="the run's end to be recorded",
+        )  # fmt: skip
+        _stop_and_check_one_start(dsn, schema, w, settle=3 * TTL)
+        assert finished == [(token, "succeeded")], (finished, w.log())
+        runs = query(dsn, schema, "SELECT token, outcome FROM {schema}.job_runs "
+                     "WHERE job_key = 'gate-a' ORDER BY run_id")  # fmt: skip
+        assert runs == [(token, "succeeded")], (runs, w.log())
+    finally:
+        w.stop()
+
+
+def _stop_and_check_one_start(dsn: str, schema: str, w: WorkerProcess, settle: float) -> None:
+    """As :func:`_stop_and_check_one_run`, for a body that records only its start."""
+    time.sleep(settle)
+    w.signal(signal.SIGTERM)
+    assert w.wait() == 0, w.log()
+    phases = _phases(dsn, schema)
+    assert [p for p, _ in phases] == ["started"], (phases, w.log())

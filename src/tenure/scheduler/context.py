@@ -72,5 +72,5 @@ class JobContext(RunContext):
     def __repr__(self) -> str:
         return (
             f"<JobContext {self.job_key!r} slot={self.slot.isoformat()} token={self.token} "
-            f"{self.kind}{' cancelled' if self.cancelled else ''}>"
+            f"{self.kind}{' cancelled' if self._stopped else ''}>"
         )

@@ -182,6 +182,23 @@ async def _execute(
         await body
         if ctx._stale:
             outcome, error = "stale_rejected", "a fenced write was rejected (caught by the job)"
+        elif lease.lost and threaded and not ctx._noticed:
+            # A sync body that never looked at its context returned after the lease was lost
+            # here: it did its work whole, and every fenced write it made was accepted (a
+            # refused one would have raised). Sent as ended, the finish's fence decides: if
+            # nobody took the job over, no other run of the slot began and the run's end
+            # stands; if somebody did, it is recorded lease_lost (sched_finish). Before, such
+            # a run was lease_lost in any case, and its own worker ran the slot again.
+            outcome = "succeeded"
+            error = f"the lease was lost here while the body ran ({lease.lost_reason})"
+            log.warning(
+                "job %r token %s: the body returned after its lease was lost here without "
+                "looking at its context; recorded as ended unless another worker took the job "
+                'over (docs/safety.md, "A body that was never told")',
+                key,
+                token,
+                extra=run_fields(key, token, run.ident.slot),
+            )
         elif lease.lost:
             outcome, error = "lease_lost", lease.lost_reason
         elif threaded and run.shutdown:

@@ -226,6 +226,7 @@ class Finisher(OnClient):
             key = item.ident.job_key
             keepable = (
                 item.done
+                and not run.lease.marked_lost  # its renewals failed: nothing to keep it on
                 and keeper.may_keep(key)
                 and run.next_slot is not None
                 and (run.next_slot - item.ident.started_at).total_seconds() - (now - run.launched)
