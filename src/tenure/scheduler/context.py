@@ -69,6 +69,13 @@ class JobContext(RunContext):
         self.worker_id = worker_id
         self._client = client
 
+    @property
+    def _told(self) -> bool:
+        """Whether the body saw that it must stop (``cancelled`` was True when it, ``check()``,
+        ``wait()`` or a fenced write looked): scheduler/execution.py's question about a sync
+        body that returned after its lease was lost."""
+        return self._noticed
+
     def __repr__(self) -> str:
         return (
             f"<JobContext {self.job_key!r} slot={self.slot.isoformat()} token={self.token} "

@@ -182,7 +182,7 @@ async def _execute(
         await body
         if ctx._stale:
             outcome, error = "stale_rejected", "a fenced write was rejected (caught by the job)"
-        elif lease.lost and threaded and not ctx._noticed:
+        elif lease.lost and threaded and not ctx._told:
             # A sync body that never looked at its context returned after the lease was lost
             # here: it did its work whole, and every fenced write it made was accepted (a
             # refused one would have raised). Sent as ended, the finish's fence decides: if
