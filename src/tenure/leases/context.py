@@ -180,10 +180,6 @@ class RunContext:
         self._cancel: threading.Event | None = None
         self._reason: str | None = None
         self._stale = False
-        # Whether the body was told it must stop (``cancelled`` was True when it looked:
-        # ``check()``, ``wait()`` and the fenced writes look too). A sync body that returned
-        # without being told did its work whole (scheduler/execution.py).
-        self._noticed = False
 
     @property
     def results(self) -> RunResults:
@@ -199,8 +195,6 @@ class RunContext:
         lease = self._lease
         if not self._stopped and lease is not None and lease.lost:
             self._stop(lease.lost_reason or "the lease is lost")
-        if self._stopped:
-            self._noticed = True
         return self._stopped
 
     def check(self) -> None:

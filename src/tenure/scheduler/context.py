@@ -68,13 +68,18 @@ class JobContext(RunContext):
         self.lease = lease
         self.worker_id = worker_id
         self._client = client
+        # Whether the body saw that it must stop (``cancelled`` was True when it looked;
+        # ``check()``, ``wait()`` and the fenced writes look too): a sync body that returned
+        # without being told did its work whole (scheduler/execution.py).
+        self._told = False
 
     @property
-    def _told(self) -> bool:
-        """Whether the body saw that it must stop (``cancelled`` was True when it, ``check()``,
-        ``wait()`` or a fenced write looked): scheduler/execution.py's question about a sync
-        body that returned after its lease was lost."""
-        return self._noticed
+    def cancelled(self) -> bool:
+        """True once the lease is lost or the run was stopped: stop working."""
+        stopped = super().cancelled
+        if stopped:
+            self._told = True
+        return stopped
 
     def __repr__(self) -> str:
         return (
