@@ -83,6 +83,22 @@ class Slot:
 Line = collections.deque[tuple[asyncio.Future[Slot], Slot]]
 
 
+def _count_up(counts: dict[int, int], key: int) -> int:
+    """One more of ``key`` in ``counts``; returns how many there were before."""
+    before = counts.get(key, 0)
+    counts[key] = before + 1
+    return before
+
+
+def _count_down(counts: dict[int, int], key: int) -> None:
+    """One fewer of ``key`` in ``counts``, which forgets it at none."""
+    left = counts.get(key, 0) - 1
+    if left > 0:
+        counts[key] = left
+    else:
+        counts.pop(key, None)
+
+
 class BodyLimit:
     """At most ``limit`` bodies at once, of which at most ``long_cap`` of long jobs and
     ``new_cap`` of long and new ones together. ``wake`` (the claim loop's) is set when a slot
@@ -199,7 +215,7 @@ class BodyLimit:
         """A slot for ``job_key``'s body (of function ``family``) if one is free and no run of
         its kind waits for one (event loop only)."""
         slot, line = self._slot(job_key, family)
-        if self.closed or line:
+        if self.closed or line or line is self._held:  # held: its function is at its cap
             return None
         with self._lock:
             if self._fits(slot):
@@ -216,7 +232,7 @@ class BodyLimit:
         slot, line = self._slot(job_key, family)
         line.append((future, slot))
         if slot.new and family is not None:
-            self._unknown_waiting[family] = self._unknown_waiting.get(family, 0) + 1
+            _count_up(self._unknown_waiting, family)
         return future
 
     def forget(self, future: asyncio.Future[Slot]) -> None:
@@ -249,11 +265,8 @@ class BodyLimit:
 
     def _uncount_unknown(self, family: int) -> None:
         """A first body of ``family`` ended (under the lock): its waiting runs may go on."""
-        left = self._unknown.get(family, 0) - 1
-        if left > 0:
-            self._unknown[family] = left
-        else:
-            self._unknown.pop(family, None)
+        _count_down(self._unknown, family)
+        if family not in self._unknown:
             self._unknown_since.pop(family, None)
         self._recheck.append(family)
 
@@ -298,9 +311,10 @@ class BodyLimit:
 
     def _fits(self, slot: Slot) -> bool:
         """Whether ``slot``'s body may begin now (under the lock): a slot free and, for a long
-        or new job, its share not full. The shares apply while quick bodies run here; a
-        function's first bodies have a share of their own (:meth:`_capped`)."""
-        if self._busy >= self.limit or self._capped(slot):
+        or new job, its share not full. The shares apply while quick bodies run here. (A
+        function's first bodies have a share of their own, :meth:`_capped`, which
+        :meth:`take` and :meth:`_grant` look at first.)"""
+        if self._busy >= self.limit:
             return False
         if not (slot.long or slot.new) or time.monotonic() - self._quick_at >= QUICK_RECENT:
             return True
@@ -315,8 +329,7 @@ class BodyLimit:
         self._new += slot.new
         family = slot.family
         if slot.new and family is not None:
-            running = self._unknown.get(family, 0)
-            self._unknown[family] = running + 1
+            running = _count_up(self._unknown, family)
             if not running and family not in self._families:
                 since = time.monotonic()
                 self._unknown_since[family] = since
@@ -324,13 +337,8 @@ class BodyLimit:
 
     def _left_new(self, slot: Slot) -> None:
         """A new run left the new or the held line (event loop)."""
-        family = slot.family
-        if slot.new and family is not None:
-            left = self._unknown_waiting.get(family, 0) - 1
-            if left > 0:
-                self._unknown_waiting[family] = left
-            else:
-                self._unknown_waiting.pop(family, None)
+        if slot.new and slot.family is not None:
+            _count_down(self._unknown_waiting, slot.family)
 
     def _regroup(self) -> None:
         """Sort the new and held lines again (event loop): runs whose function is now known
